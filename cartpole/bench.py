@@ -1,0 +1,110 @@
+"""Time-to-solved benchmark: this project's PPO against Stable-Baselines3 PPO (rl-baselines3-zoo settings).
+
+Each run is a fresh subprocess (imports are not timed, environment and model creation are), peers alternate
+seed by seed in one session so that machine drift hits both, and the report gives medians and their ratio.
+"Solved" is the first time the mean of the last 20 finished training episodes reaches the env's threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+
+def sb3_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> dict[str, Any]:
+    """SB3 PPO with the rl-baselines3-zoo CartPole-v1 hyperparameters (hyperparams/ppo.yml)."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    class Solved(BaseCallback):
+        def __init__(self, t0: float) -> None:
+            super().__init__()
+            self.t0, self.returns, self.solved = t0, [], None
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(info["episode"]["r"])
+                    if self.solved is None and len(self.returns) >= 20 and np.mean(self.returns[-20:]) >= 475:
+                        self.solved = (time.perf_counter() - self.t0, self.num_timesteps)
+            return True
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    linear = lambda v: (lambda p: p * v)  # noqa: E731
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu")
+    cb = Solved(t0)
+    model.learn(total_steps, callback=cb)
+    return {"peer": "sb3", "seed": seed, "solved_s": cb.solved[0] if cb.solved else None,
+            "solved_step": cb.solved[1] if cb.solved else None, "wall_s": time.perf_counter() - t0,
+            "last20_mean": float(np.mean(cb.returns[-20:]))}
+
+
+def ours_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> dict[str, Any]:
+    from .train import TrainConfig, train
+
+    with tempfile.TemporaryDirectory() as out:
+        s = train(TrainConfig(seed=seed, total_steps=total_steps, threads=threads, out=out, progress=False,
+                              tensorboard=False, plot=False))
+    return {"peer": "rlhf-toy", **s}
+
+
+RUNNERS = {"sb3": sb3_time_to_solve, "rlhf-toy": ours_time_to_solve}
+
+
+def run_in_subprocess(peer: str, seed: int, threads: int, total_steps: int) -> dict[str, Any]:
+    """One run in a fresh interpreter, so that no run inherits another's warm caches."""
+    # torch.optim imports torch._dynamo on the first optimizer (~0.65 s here); both peers pay it before
+    # their clocks start, so the figure compares training, not a one-time import.
+    code = ("import json, sys, torch._dynamo; from cartpole.bench import RUNNERS; "
+            f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps})))")
+    env_vars = {"OMP_NUM_THREADS": str(threads)}
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env_vars}, check=False)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return {"peer": peer, "seed": seed, "error": tail[0]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median_or_none(xs: list[float | None]) -> float | None:
+    """Median over runs, counting an unsolved run as infinitely slow (so it can only hurt)."""
+    vals = [float("inf") if x is None else x for x in xs]
+    m = float(np.median(vals)) if vals else float("nan")
+    return None if m == float("inf") else m
+
+
+def compare(seeds: list[int], peers: list[str], threads: int, total_steps: int) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for seed in seeds:
+        for peer in peers:  # alternate peers seed by seed
+            r = run_in_subprocess(peer, seed, threads, total_steps)
+            print(json.dumps(r), flush=True)
+            runs.append(r)
+    report: dict[str, Any] = {"threads": threads, "seeds": seeds, "total_steps": total_steps}
+    for peer in peers:
+        mine = [r for r in runs if r["peer"] == peer]
+        report[peer] = {
+            "median_solved_s": median_or_none([r.get("solved_s") for r in mine]),
+            "median_solved_step": median_or_none([r.get("solved_step") for r in mine]),
+            "solved": sum(r.get("solved_s") is not None for r in mine),
+            "runs": len(mine),
+        }
+        if peer == "rlhf-toy":
+            report[peer]["eval_ge_475"] = sum((r.get("eval_mean") or 0) >= 475 for r in mine)
+    if "sb3" in report and report["sb3"]["median_solved_s"] and report["rlhf-toy"]["median_solved_s"]:
+        ours, sb3 = report["rlhf-toy"]["median_solved_s"], report["sb3"]["median_solved_s"]
+        report["ratio_time_to_solved_ours_over_sb3"] = ours / sb3
+    return report

@@ -1,0 +1,62 @@
+"""`python -m cartpole train | eval` (also installed as the `cartpole` command)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlhf_toy.cli import Command, dispatch
+from rlhf_toy.errors import run_cli
+from rlhf_toy.ppo import PPOConfig
+
+from .agent import load_agent
+from .evaluate import evaluate
+from .train import CARTPOLE_PPO, TrainConfig, train
+
+
+@dataclass
+class EvalConfig:
+    """Settings for `cartpole eval`."""
+
+    checkpoint: str = field(metadata={"help": "A .pt checkpoint, or a run directory (uses its final.pt)."})
+    episodes: int = field(default=20, metadata={"help": "Episodes to run."})
+    seed: int = field(default=10_000, metadata={"help": "Seed of the evaluation envs."})
+    env_id: str | None = field(default=None, metadata={"help": "Env to evaluate on (default: the one trained on)."})
+    stochastic: bool = field(default=False, metadata={"help": "Sample actions instead of taking the most probable."})
+
+    def __post_init__(self) -> None:
+        from rlhf_toy.errors import UserError
+
+        if self.episodes < 1:
+            raise UserError(f"episodes must be >= 1 (got {self.episodes}); pass --episodes 20")
+
+
+def _train(cfg: TrainConfig, ppo: PPOConfig) -> int:
+    print(json.dumps(train(cfg, ppo)))
+    return 0
+
+
+def _eval(cfg: EvalConfig) -> int:
+    agent, meta = load_agent(cfg.checkpoint)
+    env_id = cfg.env_id or meta.get("env_id", "CartPole-v1")
+    returns = evaluate(agent, env_id, cfg.episodes, seed=cfg.seed, deterministic=not cfg.stochastic)
+    print(json.dumps({"env_id": env_id, "episodes": cfg.episodes, "mean": float(np.mean(returns)),
+                      "std": float(np.std(returns)), "min": min(returns), "max": max(returns)}))
+    return 0
+
+
+COMMANDS = {
+    "train": Command("Train a PPO agent; prints one JSON summary line.", (TrainConfig, PPOConfig), _train,
+                     defaults=CARTPOLE_PPO),
+    "eval": Command("Evaluate a saved agent; prints mean and std return as JSON.", (EvalConfig,), _eval),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch("cartpole", COMMANDS, argv)
+
+
+def console_main() -> None:
+    raise SystemExit(run_cli(main))

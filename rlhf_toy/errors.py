@@ -1,0 +1,33 @@
+"""One error type for every problem a user can fix, and the CLI wrapper that prints it as one line.
+
+Library code raises `UserError` (a `ValueError`) with a message that names the problem and the fix.
+Command-line entry points run through `run_cli`, which turns such errors into `error: ...` on stderr and exit
+status 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+class UserError(ValueError):
+    """A problem with the user's input (a value, a file, an environment) that they can fix."""
+
+
+def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run `main(argv)`; print user errors as one line and return a non-zero exit status.
+
+    Config dataclasses raise `UserError` from `__post_init__`; argparse-level errors exit 2 by themselves.
+    """
+    try:
+        return int(main(argv) or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"error: file not found: {exc.filename or exc}; check the path", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

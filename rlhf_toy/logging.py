@@ -1,0 +1,75 @@
+"""Metric logging: JSONL always, TensorBoard when it is installed, and a PNG of the learning curve."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .io import atomic_write
+
+
+class MetricLogger:
+    """Append one JSON object per step to `metrics.jsonl` (and scalars to TensorBoard if available).
+
+    Keys are namespaced like CleanRL's (`charts/episodic_return`, `losses/approx_kl`, ...).
+    """
+
+    def __init__(self, out_dir: str | os.PathLike[str], tensorboard: bool = True) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / "metrics.jsonl"
+        self._file = self.path.open("w")
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # needs the optional tensorboard package
+
+                self._tb = SummaryWriter(str(self.out_dir / "tb"))
+            except ImportError:
+                self._tb = None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN
+    return v
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
+    """Save a matplotlib figure atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    suffix = Path(path).suffix.lstrip(".") or "png"
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=suffix, dpi=100, bbox_inches="tight"))
+    plt.close(fig)
+
+
+def plt_module() -> Any:
+    """pyplot on the non-interactive Agg backend (works headless, in tests and CI)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,96 @@
+"""PPO and policy-gradient losses as pure functions of tensors.
+
+Every function takes per-sample tensors of one shared shape (`[B]` for environment steps, `[B, L]` for
+tokens) and an optional `mask` of that shape; padded entries never count. The caller sums the parts:
+
+    loss = policy.loss - ent_coef * entropy + vf_coef * value_loss
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .masks import masked_mean, masked_var
+
+
+class PolicyLoss(NamedTuple):
+    """The clipped surrogate loss and its diagnostics (diagnostics are detached)."""
+
+    loss: Tensor  # scalar, to minimise
+    clip_fraction: Tensor  # share of samples whose ratio left [1 - clip, 1 + clip]
+    approx_kl: Tensor  # k3 estimate of KL(old || new)
+    ratio_mean: Tensor
+
+
+def kl_k1(logp: Tensor, logq: Tensor) -> Tensor:
+    """Per-sample k1 estimate of KL(p || q) from samples of p: log p - log q. Unbiased, can be < 0."""
+    return logp - logq
+
+
+def kl_k3(logp: Tensor, logq: Tensor) -> Tensor:
+    """Per-sample k3 estimate of KL(p || q) from samples of p: (q/p - 1) - log(q/p). Unbiased and >= 0."""
+    log_ratio = logq - logp
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def clipped_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_range: float | None,
+    mask: Tensor | None = None,
+) -> PolicyLoss:
+    """PPO's clipped surrogate: mean of max(-A * r, -A * clip(r, 1 - eps, 1 + eps)), r = pi_new / pi_old.
+
+    `clip_range=None` gives the unclipped surrogate -A * r (the lesson's "break the clip" exercise).
+    At r = 1 its gradient equals the plain policy gradient's, -A * grad log pi.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    if clip_range is None:
+        per_sample = unclipped
+        clipped_mask = torch.zeros_like(ratio, dtype=torch.bool)
+    else:
+        clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+        per_sample = torch.maximum(unclipped, clipped)
+        clipped_mask = (ratio - 1.0).abs() > clip_range
+    with torch.no_grad():
+        clip_fraction = masked_mean(clipped_mask.to(ratio.dtype), mask)
+        approx_kl = masked_mean(kl_k3(old_logprobs, logprobs), mask)
+        ratio_mean = masked_mean(ratio, mask)
+    return PolicyLoss(masked_mean(per_sample, mask), clip_fraction, approx_kl, ratio_mean)
+
+
+def policy_gradient_loss(logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None) -> Tensor:
+    """REINFORCE: -mean(log pi(a|s) * A). `advantages` are returns (no baseline) or returns - V (baseline)."""
+    return masked_mean(-logprobs * advantages.detach(), mask)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    clip_range: float | None = None,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Mean squared error to the returns; with `clip_range`, the max of the plain and the clipped error,
+    where the clipped prediction stays within `clip_range` of the value that collected the data."""
+    error = (values - returns) ** 2
+    if clip_range is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        error = torch.maximum(error, (clipped - returns) ** 2)
+    return masked_mean(error, mask)
+
+
+@torch.no_grad()
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor | None = None) -> float:
+    """1 - Var[returns - values] / Var[returns]: 1 is a perfect critic, 0 no better than a constant,
+    NaN when the returns do not vary."""
+    var_returns = masked_var(returns, mask)
+    if var_returns.item() == 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(returns - values, mask) / var_returns)

@@ -1,0 +1,45 @@
+"""Masked reductions shared by the losses and the trainers.
+
+A mask is a tensor of the same shape as the data, 1 (or True) where a step is real and 0 where it is padding
+(a token after EOS, or the ignored step after a vector env's autoreset).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masked_mean(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean of `x` over the entries where `mask` is set; the plain mean when `mask` is None. Any shape."""
+    if mask is None:
+        return x.mean()
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_var(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Unbiased variance of `x` over the masked entries (population variance for a single entry)."""
+    if mask is None:
+        return x.var() if x.numel() > 1 else torch.zeros((), dtype=x.dtype)
+    m = mask.to(x.dtype)
+    n = m.sum()
+    mean = (x * m).sum() / n.clamp(min=1.0)
+    var = (((x - mean) ** 2) * m).sum() / (n - 1).clamp(min=1.0)
+    return var
+
+
+def masked_whiten(x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalize `x` to zero mean and unit std over the masked entries; padding is left at 0.
+
+    `shift_mean=False` scales the spread to 1 but puts the mean back (as TRL does for rewards, whose sign
+    carries meaning).
+    """
+    mean = masked_mean(x, mask)
+    std = masked_var(x, mask).sqrt()
+    out = (x - mean) / (std + eps)
+    if not shift_mean:
+        out = out + mean
+    if mask is not None:
+        out = out * mask.to(x.dtype)
+    return out

@@ -1,0 +1,184 @@
+"""The PPO update: epochs of shuffled minibatches over one batch of experience.
+
+Anything that implements `ActorCritic.evaluate` can be trained: a CartPole MLP (one sample = one env step)
+and a language model (one sample = one sequence of tokens, with a padding mask) both turn their experience
+into a `RolloutBatch` and call `ppo_update`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+from .errors import UserError
+from .losses import clipped_policy_loss, explained_variance, value_loss
+from .masks import masked_mean, masked_whiten
+
+
+class RolloutBatch(NamedTuple):
+    """Experience flattened to samples on the first dimension.
+
+    `observations` is a tensor `[B, ...]` or a tuple/dict of them (e.g. token ids and attention mask);
+    `actions` is `[B, ...]`; the per-step tensors below share one shape `[B, *S]` (`S` empty for env
+    steps, `[L]` for L tokens). `mask` marks the real steps (None = all real).
+    """
+
+    observations: Any
+    actions: Tensor
+    logprobs: Tensor
+    values: Tensor
+    advantages: Tensor
+    returns: Tensor
+    mask: Tensor | None = None
+
+
+class ActorCritic(Protocol):
+    """The small protocol the update needs (an `nn.Module` that also has this method)."""
+
+    def evaluate(self, observations: Any, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Return `(logprobs, entropy, values)` for the given actions, each shaped `[B, *S]` like
+        `RolloutBatch.logprobs`; gradients must flow into the parameters being trained."""
+        ...
+
+
+def _help(text: str, default: Any) -> Any:
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class PPOConfig:
+    """Hyperparameters of the PPO update and of GAE. Validated on construction."""
+
+    learning_rate: float = _help("Adam learning rate at the start of training.", 3e-4)
+    anneal_lr: bool = _help("Anneal the learning rate linearly to 0 over training.", True)
+    n_epochs: int = _help("Passes over each batch of experience.", 10)
+    minibatch_size: int = _help("Samples per gradient step (env steps, or sequences for a language model).", 64)
+    gamma: float = _help("Discount factor.", 0.99)
+    gae_lambda: float = _help("GAE lambda: 0 is one-step TD, 1 is Monte-Carlo.", 0.95)
+    clip: bool = _help("Clip the policy ratio; --no_clip gives the unclipped surrogate.", True)
+    clip_range: float = _help("Policy ratio clip epsilon: r is kept in [1 - eps, 1 + eps].", 0.2)
+    anneal_clip: bool = _help("Anneal clip_range linearly to 0 over training (rl-zoo style).", False)
+    clip_range_vf: float | None = _help("Clip the value prediction to old value +/- this (None: no clip).", None)
+    normalize_advantages: bool = _help("Normalize advantages to mean 0, std 1 in each minibatch.", True)
+    ent_coef: float = _help("Weight of the entropy bonus.", 0.0)
+    vf_coef: float = _help("Weight of the value loss.", 0.5)
+    max_grad_norm: float | None = _help("Clip the global gradient norm to this (None: no clip).", 0.5)
+    target_kl: float | None = _help("Stop the epochs early once approx KL > 1.5 x this (None: never).", None)
+    adam_eps: float = _help("Adam epsilon.", 1e-5)
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 3e-4")
+        _check(self.n_epochs >= 1, "n_epochs", self.n_epochs, "an integer >= 1")
+        _check(self.minibatch_size >= 1, "minibatch_size", self.minibatch_size, "an integer >= 1")
+        _check(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1], e.g. 0.99")
+        _check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", self.gae_lambda, "in [0, 1], e.g. 0.95")
+        _check(self.clip_range > 0, "clip_range", self.clip_range, "> 0, e.g. 0.2 (use --no_clip to disable)")
+        _check(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0")
+        _check(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
+        _check(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        _check(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "> 0")
+        _check(self.target_kl is None or self.target_kl > 0, "target_kl", self.target_kl, "> 0, e.g. 0.02")
+        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0, e.g. 1e-5")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check(ok: bool, name: str, value: Any, wanted: str) -> None:
+    if not ok:
+        raise UserError(f"{name} must be {wanted} (got {value!r}); pass --{name} with a valid value")
+
+
+def index_observations(observations: Any, idx: Tensor) -> Any:
+    """Select samples `idx` from a tensor, or from each tensor of a tuple/list/dict."""
+    if isinstance(observations, Tensor):
+        return observations[idx]
+    if isinstance(observations, dict):
+        return {k: index_observations(v, idx) for k, v in observations.items()}
+    if isinstance(observations, (tuple, list)):
+        return type(observations)(index_observations(v, idx) for v in observations)
+    raise TypeError(f"observations must be a tensor or a tuple/list/dict of tensors, not {type(observations)}")
+
+
+def make_optimizer(params: Any, cfg: PPOConfig) -> torch.optim.Optimizer:
+    """Adam with the config's learning rate and epsilon (eps 1e-5 as in the PPO implementations)."""
+    return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
+
+
+def current_schedule(cfg: PPOConfig, progress: float) -> tuple[float, float | None]:
+    """Learning rate and clip range after `progress` (0 at the start of training, 1 at the end)."""
+    remaining = max(0.0, 1.0 - progress)
+    lr = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
+    clip = cfg.clip_range * (remaining if cfg.anneal_clip else 1.0) if cfg.clip else None
+    return lr, clip
+
+
+def ppo_update(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    cfg: PPOConfig,
+    *,
+    progress: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """Run `cfg.n_epochs` epochs of shuffled minibatches of PPO on `batch`. Returns mean diagnostics.
+
+    `policy` implements `ActorCritic`; `progress` in [0, 1] drives learning-rate and clip annealing;
+    `generator` makes the shuffling reproducible. Each minibatch: normalize advantages (if enabled, over
+    its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
+    """
+    lr, clip_range = current_schedule(cfg, progress)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    n = batch.actions.shape[0]
+    keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+    stats: dict[str, list[Tensor]] = {k: [] for k in keys}
+    early_stop, epochs_done = False, 0
+    for _epoch in range(cfg.n_epochs):
+        for idx in torch.randperm(n, generator=generator).split(cfg.minibatch_size):
+            mask = None if batch.mask is None else batch.mask[idx]
+            observations = index_observations(batch.observations, idx)
+            logprobs, entropy, values = policy.evaluate(observations, batch.actions[idx])
+            advantages = batch.advantages[idx]
+            if cfg.normalize_advantages and advantages.numel() > 1:
+                advantages = masked_whiten(advantages, mask)
+            pg = clipped_policy_loss(logprobs, batch.logprobs[idx], advantages, clip_range, mask)
+            if cfg.target_kl is not None and pg.approx_kl.item() > 1.5 * cfg.target_kl:
+                early_stop = True  # this minibatch already moved too far: stop before stepping on it
+                break
+            v_loss = value_loss(values, batch.values[idx], batch.returns[idx], cfg.clip_range_vf, mask)
+            loss = pg.loss + cfg.vf_coef * v_loss
+            if cfg.ent_coef > 0:
+                ent = masked_mean(entropy, mask)
+                loss = loss - cfg.ent_coef * ent
+            else:  # keep the entropy out of the graph: a backward pass through it costs time for nothing
+                ent = masked_mean(entropy.detach(), mask)
+
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            for k, v in (("policy_loss", pg.loss), ("value_loss", v_loss), ("entropy", ent),
+                         ("approx_kl", pg.approx_kl), ("clip_fraction", pg.clip_fraction)):
+                stats[k].append(v.detach())
+        if early_stop:
+            break
+        epochs_done += 1
+
+    out = {k: (torch.stack(v).mean().item() if v else float("nan")) for k, v in stats.items()}
+    out.update(
+        explained_variance=explained_variance(batch.values, batch.returns, batch.mask),
+        learning_rate=lr,
+        clip_range=float("nan") if clip_range is None else clip_range,
+        epochs=float(epochs_done),
+        early_stop=float(early_stop),
+        gradient_steps=float(len(stats["policy_loss"])),
+    )
+    return out

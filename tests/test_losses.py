@@ -1,0 +1,82 @@
+"""Loss properties: ratio 1 gives the policy gradient, clipping zeroes the right gradients, value clipping."""
+
+import torch
+from torch.testing import assert_close
+
+from rlhf_toy.losses import clipped_policy_loss, explained_variance, kl_k1, kl_k3, policy_gradient_loss, value_loss
+
+
+def test_ratio_one_gives_the_plain_policy_gradient():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 3, generator=g, requires_grad=True)
+    actions = torch.randint(0, 3, (64,), generator=g)
+    adv = torch.randn(64, generator=g)
+    logp = torch.log_softmax(logits, -1).gather(1, actions[:, None]).squeeze(1)
+    (g_ppo,) = torch.autograd.grad(clipped_policy_loss(logp, logp.detach(), adv, 0.2).loss, logits, retain_graph=True)
+    (g_pg,) = torch.autograd.grad(policy_gradient_loss(logp, adv), logits)
+    assert_close(g_ppo, g_pg)
+
+
+def _grad(logp_new, logp_old, adv, clip):
+    x = torch.tensor([logp_new], requires_grad=True)
+    out = clipped_policy_loss(x, torch.tensor([logp_old]), torch.tensor([adv]), clip)
+    (g,) = torch.autograd.grad(out.loss, x)
+    return g.item(), out
+
+
+def test_no_gradient_where_the_ratio_is_clipped_in_the_advantages_direction():
+    up = torch.log(torch.tensor(1.5)).item()  # ratio 1.5 > 1.2
+    down = torch.log(torch.tensor(0.5)).item()  # ratio 0.5 < 0.8
+    assert _grad(up, 0.0, +1.0, 0.2)[0] == 0.0  # already more likely enough: no further push
+    assert _grad(down, 0.0, -1.0, 0.2)[0] == 0.0  # already less likely enough
+    # Moved against the advantage: the unclipped term is active and pulls back.
+    assert _grad(down, 0.0, +1.0, 0.2)[0] != 0.0
+    assert _grad(up, 0.0, -1.0, 0.2)[0] != 0.0
+    # Without clipping the gradient is always there.
+    assert _grad(up, 0.0, +1.0, None)[0] != 0.0
+
+
+def test_clip_fraction_and_approx_kl():
+    new = torch.log(torch.tensor([1.0, 1.5, 0.5, 1.1]))
+    out = clipped_policy_loss(new, torch.zeros(4), torch.ones(4), 0.2)
+    assert out.clip_fraction.item() == 0.5
+    r = new.exp()
+    assert_close(out.approx_kl, ((r - 1) - new).mean())
+    assert out.approx_kl >= 0
+
+
+def test_mask_excludes_padding():
+    logp = torch.tensor([[0.1, 0.2, 5.0]])
+    adv = torch.tensor([[1.0, 2.0, 100.0]])
+    mask = torch.tensor([[True, True, False]])
+    out = clipped_policy_loss(logp, logp, adv, 0.2, mask)
+    assert_close(out.loss, torch.tensor(-1.5))
+
+
+def test_value_loss_clipping_by_hand():
+    v, old, ret = torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([3.0])
+    assert value_loss(v, old, ret).item() == 1.0
+    # Clipped prediction 0.5 is further from the return: the max takes (0.5 - 3)^2.
+    assert value_loss(v, old, ret, clip_range=0.5).item() == 6.25
+    # If the clipped one is closer, the plain error wins.
+    assert value_loss(torch.tensor([4.0]), old, ret, clip_range=0.5).item() == 6.25
+    assert value_loss(torch.tensor([4.0]), torch.tensor([3.9]), ret, clip_range=0.5).item() == 1.0
+
+
+def test_kl_estimators():
+    g = torch.Generator().manual_seed(0)
+    p_logits, q_logits = torch.randn(5, generator=g), torch.randn(5, generator=g)
+    logp_all, logq_all = torch.log_softmax(p_logits, 0), torch.log_softmax(q_logits, 0)
+    exact = (logp_all.exp() * (logp_all - logq_all)).sum()
+    samples = torch.multinomial(logp_all.exp(), 200_000, replacement=True, generator=g)
+    k1 = kl_k1(logp_all[samples], logq_all[samples])
+    k3 = kl_k3(logp_all[samples], logq_all[samples])
+    assert (k1 < 0).any()  # k1 is negative on some samples ...
+    assert abs(k1.mean() - exact) < 0.01  # ... but unbiased
+    assert (k3 >= 0).all() and abs(k3.mean() - exact) < 0.01
+
+
+def test_explained_variance():
+    ret = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert explained_variance(ret, ret) == 1.0
+    assert abs(explained_variance(torch.full((4,), 2.5), ret)) < 1e-6
