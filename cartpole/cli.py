@@ -1,4 +1,4 @@
-"""`python -m cartpole train | eval` (also installed as the `cartpole` command)."""
+"""`python -m cartpole train | eval | watch` (also installed as the `cartpole` command)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,26 @@ class EvalConfig:
             raise UserError(f"episodes must be >= 1 (got {self.episodes}); pass --episodes 20")
 
 
+@dataclass
+class WatchConfig:
+    """Settings for `cartpole watch`."""
+
+    checkpoint: str = field(metadata={"help": "A .pt checkpoint, or a run directory (uses its final.pt)."})
+    out: str = field(default="runs/watch", metadata={"help": "Directory for trained.gif and untrained.gif."})
+    seed: int = field(default=0, metadata={"help": "Seed of the episode (and of the untrained agent)."})
+    max_steps: int = field(default=500, metadata={"help": "Stop the episode after this many steps."})
+    every: int = field(default=2, metadata={"help": "Keep every n-th frame (smaller GIFs)."})
+
+
+def _watch(cfg: WatchConfig) -> int:
+    from .watch import watch
+
+    agent, meta = load_agent(cfg.checkpoint)
+    counts = watch(agent, meta.get("env_id", "CartPole-v1"), cfg.out, cfg.seed, cfg.max_steps, cfg.every)
+    print(json.dumps({"out": cfg.out, "frames": counts}))
+    return 0
+
+
 def _train(cfg: TrainConfig, ppo: PPOConfig) -> int:
     print(json.dumps(train(cfg, ppo)))
     return 0
@@ -51,6 +71,7 @@ COMMANDS = {
     "train": Command("Train a PPO agent; prints one JSON summary line.", (TrainConfig, PPOConfig), _train,
                      defaults=CARTPOLE_PPO),
     "eval": Command("Evaluate a saved agent; prints mean and std return as JSON.", (EvalConfig,), _eval),
+    "watch": Command("Render a trained and an untrained agent to animated GIFs.", (WatchConfig,), _watch),
 }
 
 

@@ -6,7 +6,6 @@ One iteration: collect N envs x T steps -> GAE (rlhf_toy.advantages.gae) -> PPO 
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -85,6 +84,7 @@ class SolvedTracker:
         self.threshold, self.t0 = threshold, t0
         self.recent: deque[float] = deque(maxlen=window)
         self.all_returns: list[float] = []
+        self.all_steps: list[int] = []
         self.solved_step: int | None = None
         self.solved_s: float | None = None
 
@@ -92,6 +92,7 @@ class SolvedTracker:
         for ep in episodes:
             self.recent.append(ep.ret)
             self.all_returns.append(ep.ret)
+            self.all_steps.append(ep.env_step)
             if (self.solved_step is None and self.threshold is not None and len(self.recent) == self.recent.maxlen
                     and np.mean(self.recent) >= self.threshold):
                 self.solved_step, self.solved_s = ep.env_step, ep.time_s - self.t0
@@ -100,8 +101,21 @@ class SolvedTracker:
         return float(np.mean(self.recent)) if self.recent else None
 
 
+@dataclass
+class TrainResult:
+    summary: dict[str, Any]  # what `train` returns and `cartpole train` prints
+    agent: MLPActorCritic  # the final policy
+    episode_returns: list[float]  # every finished training episode, in order
+    episode_steps: list[int]  # total env steps when each ended
+
+
 def train(cfg: TrainConfig, ppo: PPOConfig | None = None) -> dict[str, Any]:
     """Train, write the run directory, and return the summary (also saved as `summary.json`)."""
+    return run_training(cfg, ppo).summary
+
+
+def run_training(cfg: TrainConfig, ppo: PPOConfig | None = None) -> TrainResult:
+    """`train`, returning the agent and the episode history as well."""
     ppo = ppo or cartpole_ppo_config()
     t0 = time.perf_counter()
     generator = seed_everything(cfg.seed, cfg.threads)
@@ -170,8 +184,4 @@ def train(cfg: TrainConfig, ppo: PPOConfig | None = None) -> dict[str, Any]:
     if cfg.plot:
         plot_learning_curve(solved.all_returns, solved.threshold, out / "learning_curve.png",
                             title=f"PPO on {cfg.env_id}, seed {cfg.seed}")
-    return summary
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    return json.dumps(summary)
+    return TrainResult(summary, agent, solved.all_returns, solved.all_steps)

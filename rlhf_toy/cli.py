@@ -28,8 +28,6 @@ def dispatch(prog: str, commands: dict[str, Command], argv: Sequence[str] | None
     """Parse `prog COMMAND [flags]`, build the command's configs, and run it."""
     import sys
 
-    from transformers import HfArgumentParser
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         top = argparse.ArgumentParser(prog=prog)
@@ -41,13 +39,21 @@ def dispatch(prog: str, commands: dict[str, Command], argv: Sequence[str] | None
         top.print_help()
         return 0 if argv else 2
     cmd = commands[argv[0]]
-    parser = HfArgumentParser(cmd.configs, prog=f"{prog} {argv[0]}", description=cmd.help)
-    if cmd.defaults:
-        parser.set_defaults(**cmd.defaults)
+    configs = parse_configs(cmd.configs, argv[1:], prog=f"{prog} {argv[0]}", help=cmd.help, defaults=cmd.defaults)
+    return int(cmd.run(*configs) or 0)
+
+
+def parse_configs(configs: tuple[type, ...], argv: Sequence[str], prog: str, help: str,
+                  defaults: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """Flags -> validated config dataclasses; every complaint becomes a one-line `UserError`."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(configs, prog=prog, description=help)
+    if defaults:
+        parser.set_defaults(**defaults)
     try:
-        configs = parser.parse_args_into_dataclasses(argv[1:])
+        return tuple(parser.parse_args_into_dataclasses(list(argv)))
     except UserError:
         raise
     except ValueError as exc:  # HfArgumentParser's own complaints, e.g. unknown flags
         raise UserError(str(exc)) from exc
-    return int(cmd.run(*configs) or 0)

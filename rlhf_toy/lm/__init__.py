@@ -1,0 +1,1 @@
+"""Language-model parts of rlhf-toy: tasks, tokenizer and chat format, SFT, preferences, reward model."""

@@ -1,0 +1,66 @@
+"""Batched sampling with `generate`: left-padded prompts, temperature T, top_k 0, top_p 1, stop at EOS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .model import encode_prompts, left_pad
+
+
+@dataclass
+class Samples:
+    """Prompts and sampled responses, as tensors and as text.
+
+    `prompt_ids/prompt_mask [B, P]` (left-padded), `response_ids [B, R]` (PAD after EOS),
+    `response_mask [B, R]` (1 up to and including EOS), `eos [B]` (True where the response ended with EOS).
+    """
+
+    prompts: list[str]
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    eos: Tensor
+    texts: list[str]
+
+
+def response_mask_after_eos(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
+    """`[B, R]` -> mask that keeps tokens up to and including the first EOS, and whether EOS was reached."""
+    is_eos = response_ids == eos_id
+    seen_before = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # an EOS strictly earlier
+    return (~seen_before).long(), is_eos.any(1)
+
+
+@torch.no_grad()
+def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
+           batch_size: int = 256) -> Samples:
+    """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats."""
+    chunks = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start: start + batch_size]
+        ids, mask = left_pad(encode_prompts(tok, chunk), tok.pad_token_id)
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_k=0,
+                             top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)
+        chunks.append((ids, mask, out[:, ids.shape[1]:]))
+    P = max(c[0].shape[1] for c in chunks)
+    R = max(c[2].shape[1] for c in chunks)
+    pad = tok.pad_token_id
+    prompt_ids = torch.cat([torch.nn.functional.pad(c[0], (P - c[0].shape[1], 0), value=pad) for c in chunks])
+    prompt_mask = torch.cat([torch.nn.functional.pad(c[1], (P - c[1].shape[1], 0), value=0) for c in chunks])
+    response_ids = torch.cat([torch.nn.functional.pad(c[2], (0, R - c[2].shape[1]), value=pad) for c in chunks])
+    response_mask, eos = response_mask_after_eos(response_ids, tok.eos_token_id)
+    response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad))
+    texts = decode_responses(tok, response_ids, response_mask)
+    return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts)
+
+
+def decode_responses(tok, response_ids: Tensor, response_mask: Tensor) -> list[str]:
+    out = []
+    for ids, m in zip(response_ids.tolist(), response_mask.tolist()):
+        real = [i for i, keep in zip(ids, m) if keep and i != tok.eos_token_id]
+        out.append(tok.decode(real, skip_special_tokens=True).strip())
+    return out

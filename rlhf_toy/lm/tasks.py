@@ -1,0 +1,193 @@
+"""Tasks: where prompts, SFT pairs and the gold judge come from.
+
+- `helpdesk` (default): generated (see `helpdesk.py`); gold = VADER compound, -1 when the reply drops the topic.
+- `chatterbot`: the English conversations shipped by the PyPI package `chatterbot-corpus`, as consecutive
+  (prompt, response) pairs; gold = VADER compound of the reply.
+- files: your own prompts / SFT pairs (JSONL, CSV, parquet through `datasets`; columns `prompt` and
+  `response`, or TRL's `prompt`/`chosen`/`rejected`) and a gold judge `module:function` taking `text` or
+  `(prompt, response)` and returning a number.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhf_toy.errors import UserError
+
+from . import helpdesk
+
+Judge = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> gold scores
+
+
+@dataclass
+class Task:
+    """Everything the pipeline needs from a task."""
+
+    name: str
+    train: list[tuple[str, str]]  # (prompt, response) pairs for SFT
+    eval: list[tuple[str, str]]  # held-out pairs (their prompts are the evaluation prompts)
+    judge: Judge
+    has_topic: bool = False  # whether on-topic rate means something for this task
+    entropy_floor_nats: float | None = None  # H(response | prompt) per response, if known
+
+    @property
+    def train_prompts(self) -> list[str]:
+        return list(dict.fromkeys(p for p, _ in self.train))
+
+    @property
+    def eval_prompts(self) -> list[str]:
+        return list(dict.fromkeys(p for p, _ in self.eval))
+
+
+def _vader():
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    return SentimentIntensityAnalyzer()
+
+
+def vader_judge() -> Judge:
+    analyzer = _vader()
+    return lambda prompts, responses: [analyzer.polarity_scores(r)["compound"] for r in responses]
+
+
+def on_topic(prompt: str, response: str) -> bool:
+    topic = helpdesk.topic_of(prompt)
+    return topic is not None and topic in response.lower().replace(".", " ").replace("!", " ").split()
+
+
+def helpdesk_judge() -> Judge:
+    analyzer = _vader()
+
+    def judge(prompts: list[str], responses: list[str]) -> list[float]:
+        return [analyzer.polarity_scores(r)["compound"] if on_topic(p, r) else -1.0 for p, r in zip(prompts, responses)]
+
+    return judge
+
+
+def helpdesk_task(n_train: int = 20_000, n_eval: int = 1_000, seed: int = 0) -> Task:
+    train = [(d.prompt, d.response) for d in helpdesk.generate(n_train, seed, "train")]
+    evals = [(d.prompt, d.response) for d in helpdesk.generate(n_eval, seed, "eval")]
+    return Task("helpdesk", train, evals, helpdesk_judge(), has_topic=True,
+                entropy_floor_nats=helpdesk.response_entropy_nats())
+
+
+def chatterbot_pairs() -> list[tuple[str, str]]:
+    """Consecutive (prompt, response) pairs of the English conversations that `chatterbot-corpus` ships."""
+    import yaml
+
+    try:
+        import chatterbot_corpus
+    except ImportError as exc:
+        raise UserError("the chatterbot task needs chatterbot-corpus; pip install chatterbot-corpus") from exc
+    root = Path(chatterbot_corpus.__file__).parent / "data" / "english"
+    pairs = []
+    for path in sorted(root.glob("*.yml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for conv in data.get("conversations", []):
+            turns = [str(t).strip() for t in conv if t is not None and str(t).strip()]
+            pairs.extend(zip(turns[:-1], turns[1:]))
+    return pairs
+
+
+def chatterbot_task(seed: int = 0, eval_fraction: float = 0.1) -> Task:
+    pairs = chatterbot_pairs()
+    prompts = sorted(set(p for p, _ in pairs))
+    random.Random(seed).shuffle(prompts)
+    held = set(prompts[: max(1, int(len(prompts) * eval_fraction))])
+    train = [pr for pr in pairs if pr[0] not in held]
+    evals = [pr for pr in pairs if pr[0] in held]
+    return Task("chatterbot", train, evals, vader_judge())
+
+
+def load_judge(spec: str) -> Judge:
+    """`module:function` -> a batch judge. The function takes `text` or `(prompt, response)` -> float."""
+    if ":" not in spec:
+        raise UserError(f"judge '{spec}' must look like module:function (e.g. mypkg.scores:politeness)")
+    mod_name, fn_name = spec.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"cannot import judge '{spec}' ({type(exc).__name__}: {exc}); check the module is on "
+                        "PYTHONPATH and the function name") from exc
+    try:
+        n_args = len(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        n_args = 1
+    pair = n_args >= 2
+
+    def judge(prompts: list[str], responses: list[str]) -> list[float]:
+        out = []
+        for p, r in zip(prompts, responses):
+            v = fn(p, r) if pair else fn(r)
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                raise UserError(f"judge '{spec}' returned {v!r} (a {type(v).__name__}), not a number") from None
+            if not math.isfinite(v):
+                raise UserError(f"judge '{spec}' returned {v}, not a finite number")
+            out.append(v)
+        return out
+
+    return judge
+
+
+Pairs = list[tuple[str, str]]
+
+
+def load_pairs(path: str, eval_fraction: float = 0.1, seed: int = 0) -> tuple[Pairs, Pairs]:
+    """(prompt, response) pairs from a JSONL/CSV/parquet file: `prompt` + `response`, or `prompt` + `chosen`."""
+    ds = load_table(path)
+    cols = set(ds.column_names)
+    resp_col = "response" if "response" in cols else "chosen" if "chosen" in cols else None
+    if "prompt" not in cols or resp_col is None:
+        raise UserError(f"{path} needs a 'prompt' column and a 'response' (or 'chosen') column; it has "
+                        f"{sorted(cols)}")
+    pairs = [(str(p), str(r)) for p, r in zip(ds["prompt"], ds[resp_col]) if p and r]
+    if not pairs:
+        raise UserError(f"{path} holds no non-empty (prompt, response) rows")
+    prompts = sorted(set(p for p, _ in pairs))
+    random.Random(seed).shuffle(prompts)
+    held = set(prompts[: max(1, int(len(prompts) * eval_fraction))]) if len(prompts) > 1 else set()
+    return [x for x in pairs if x[0] not in held], [x for x in pairs if x[0] in held] or pairs[:1]
+
+
+def load_table(path: str):
+    """A local JSONL/JSON, CSV or parquet file as a `datasets.Dataset`, with one-line errors."""
+    from datasets import load_dataset
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"no file at {path}; pass a JSONL, CSV or parquet file")
+    kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(p.suffix.lower())
+    if kind is None:
+        raise UserError(f"{path}: unknown file type '{p.suffix}'; use .jsonl, .json, .csv or .parquet")
+    try:
+        ds = load_dataset(kind, data_files=str(p), split="train")
+    except Exception as exc:
+        first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise UserError(f"cannot read {path} as {kind} ({type(exc).__name__}: {first_line})") from exc
+    if len(ds) == 0:
+        raise UserError(f"{path} is empty; it needs at least one row")
+    return ds
+
+
+def get_task(name: str, data: str | None = None, judge: str | None = None, seed: int = 0) -> Task:
+    """The task by name (`helpdesk`, `chatterbot`) or, with `data`, your own pairs (and `judge`)."""
+    if data is not None:
+        train, evals = load_pairs(data, seed=seed)
+        return Task(Path(data).stem, train, evals, load_judge(judge) if judge else vader_judge())
+    if name == "helpdesk":
+        task = helpdesk_task(seed=seed)
+    elif name == "chatterbot":
+        task = chatterbot_task(seed=seed)
+    else:
+        raise UserError(f"unknown task '{name}'; choose helpdesk or chatterbot, or pass --data FILE")
+    if judge:
+        task.judge = load_judge(judge)
+    return task

@@ -1,0 +1,107 @@
+"""The lesson's exercises: scripts on a tiny budget, reproducibility, the baseline's variance reduction, GIFs."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from cartpole.agent import MLPActorCritic
+from cartpole.envs import make_vec_env
+from cartpole.reinforce import ReinforceConfig, gradient_variance, run_episode, train_reinforce
+from cartpole.watch import record_episode, write_gif
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(name, out, *extra):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"lesson_{name}.py"), "--tiny", "--seeds", "2",
+                           "--out", str(out), *extra], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+@pytest.mark.parametrize("name,workers", [("build", "1"), ("break_baseline", "2"), ("break_clip", "1")])
+def test_script_writes_table_csv_and_png(name, workers, tmp_path):
+    p = run_script(name, tmp_path, "--workers", workers)
+    assert p.returncode == 0, p.stderr
+    assert "| variant |" in p.stdout
+    md = (tmp_path / f"{name}.md").read_text()
+    assert md.count("\n| ") == 4  # header, separator, 2 variants
+    rows = list(csv.DictReader((tmp_path / f"{name}.csv").open()))
+    assert len(rows) == 2 and all(r["seeds"] == "2" for r in rows)
+    png = (tmp_path / f"{name}.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_same_command_same_table(tmp_path):
+    tables = []
+    for run in ("a", "b"):
+        assert run_script("break_baseline", tmp_path / run, "--workers", "1").returncode == 0
+        rows = list(csv.DictReader((tmp_path / run / "break_baseline.csv").open()))
+        tables.append([{k: v for k, v in r.items() if not k.startswith("wall_s")} for r in rows])
+    assert tables[0] == tables[1]
+
+
+def test_bad_seeds_value_is_one_line():
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "lesson_build.py"), "--seeds", "0"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2 and "seeds must be >= 1" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_reinforce_is_reproducible_and_counts_steps():
+    a = train_reinforce(ReinforceConfig(episodes=5, seed=1))
+    b = train_reinforce(ReinforceConfig(episodes=5, seed=1))
+    assert a.returns == b.returns and a.env_steps[-1] == sum(a.returns)  # CartPole pays 1 per step
+
+
+def test_baseline_reduces_gradient_variance_on_a_fixed_batch():
+    """A statistical test with a fixed seed: the same 60 episodes, the same policy, two gradient estimators."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    agent = MLPActorCritic(4, 2)
+    envs = make_vec_env("CartPole-v1", 1)
+    episodes = [run_episode(envs, agent, g, seed=i) for i in range(60)]
+    envs.close()
+    # Fit the critic to the episodes' returns (the learned baseline), leaving the policy as it is.
+    from rlhf_toy.advantages import discounted_returns
+
+    obs = torch.cat([e[0] for e in episodes])
+    rets = torch.cat([discounted_returns(e[2], torch.arange(len(e[2])) == len(e[2]) - 1, gamma=0.99)
+                      for e in episodes])
+    opt = torch.optim.Adam(agent.critic.parameters(), lr=1e-2)
+    for _ in range(300):
+        opt.zero_grad()
+        ((agent.value(obs) - rets) ** 2).mean().backward()
+        opt.step()
+    with_baseline = gradient_variance(agent, episodes, 0.99, baseline=True)
+    without = gradient_variance(agent, episodes, 0.99, baseline=False)
+    assert with_baseline < 0.5 * without, (with_baseline, without)
+
+
+def test_gif_writer_produces_the_expected_frames(tmp_path):
+    torch.manual_seed(0)
+    agent = MLPActorCritic(4, 2)
+    for max_steps, every in ((40, 3), (7, 2)):
+        frames, steps, ret = record_episode(agent, "CartPole-v1", "untrained", seed=0, max_steps=max_steps,
+                                            every=every)
+        assert 0 < steps <= max_steps and ret == steps  # CartPole pays 1 per step
+        assert len(frames) == 1 + -(-steps // every)
+        write_gif(frames, tmp_path / "a.gif")
+        with Image.open(tmp_path / "a.gif") as im:
+            assert im.format == "GIF" and im.is_animated and im.n_frames == len(frames)
+            assert im.size == (300, 200)
+
+
+def test_watch_cli_writes_both_gifs(tmp_path):
+    from cartpole.agent import save_agent
+
+    save_agent(tmp_path / "a.pt", MLPActorCritic(4, 2), {"env_id": "CartPole-v1"})
+    p = subprocess.run([sys.executable, "-m", "cartpole", "watch", "--checkpoint", str(tmp_path / "a.pt"), "--out",
+                        str(tmp_path / "gifs"), "--max_steps", "20"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    for name in ("trained", "untrained"):
+        with Image.open(tmp_path / "gifs" / f"{name}.gif") as im:
+            assert im.is_animated
