@@ -42,9 +42,10 @@ def _sample(cfg: SampleConfig) -> int:
 
     import torch
 
-    from .pipeline import load_causal_lm
+    from .pipeline import load_causal_lm, quiet_libraries
     from .sampling import sample
 
+    quiet_libraries()
     model, tok = load_causal_lm(Path(cfg.model_dir), "chat")
     torch.manual_seed(cfg.seed)
     interactive = cfg.prompt is None and sys.stdin.isatty()

@@ -42,19 +42,36 @@ class RunConfig:
     judge: str | None = field(default=None, metadata={"help": "Gold judge as module:function (text -> float)."})
     seed: int = field(default=0, metadata={"help": "Seed of every stage."})
     threads: int = field(default=2, metadata={"help": "torch threads."})
+    max_train_pairs: int | None = field(default=None, metadata={"help": "Use only this many SFT pairs (quick runs)."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
 
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise UserError(f"threads must be >= 1 (got {self.threads})")
+        if self.max_train_pairs is not None and self.max_train_pairs < 1:
+            raise UserError(f"max_train_pairs must be >= 1 (got {self.max_train_pairs})")
 
     @property
     def path(self) -> Path:
         return Path(self.run_dir)
 
     def start(self) -> Task:
+        quiet_libraries()
         seed_everything(self.seed, self.threads)
-        return get_task(self.task, self.data, self.judge, self.seed)
+        task = get_task(self.task, self.data, self.judge, self.seed)
+        if self.max_train_pairs is not None:
+            task.train = task.train[: self.max_train_pairs]
+        return task
+
+
+def quiet_libraries() -> None:
+    """No load reports or per-shard progress bars from transformers/datasets: our own bars say enough."""
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 @dataclass
@@ -88,6 +105,8 @@ def on_topic_rate(prompts: list[str], responses: list[str]) -> float:
 def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[str, Any]:
     task = run.start()
     tok = load_tokenizer(run.path / "tokenizer")
+    if run.data:  # your own data: a prompt that cannot fit is an error, not something to drop quietly
+        check_fits(encode_prompts(tok, [p for p, _ in task.train + task.eval]), model_cfg.n_positions, 4, "--data")
     train_ids, dropped = encode_pairs(tok, task.train, model_cfg.n_positions)
     eval_ids, _ = encode_pairs(tok, task.eval, model_cfg.n_positions)
     check_fits(encode_prompts(tok, task.eval_prompts), model_cfg.n_positions, 4, "held-out")

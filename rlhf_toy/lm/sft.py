@@ -17,7 +17,7 @@ from .model import cosine_lr, encode_prompts, encode_responses, lm_loss, mean_re
 class SFTConfig:
     """SFT hyperparameters."""
 
-    epochs: int = field(default=3, metadata={"help": "Passes over the SFT pairs."})
+    epochs: int = field(default=2, metadata={"help": "Passes over the SFT pairs."})
     batch_size: int = field(default=64, metadata={"help": "Sequences per gradient step."})
     learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (cosine decay)."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})

@@ -164,6 +164,8 @@ def load_table(path: str):
     p = Path(path)
     if not p.is_file():
         raise UserError(f"no file at {path}; pass a JSONL, CSV or parquet file")
+    if p.stat().st_size == 0:
+        raise UserError(f"{path} is empty; it needs at least one row")
     kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(p.suffix.lower())
     if kind is None:
         raise UserError(f"{path}: unknown file type '{p.suffix}'; use .jsonl, .json, .csv or .parquet")

@@ -1,0 +1,13 @@
+"""Judges for the tests of `--judge module:function`."""
+
+
+def length(text):
+    return float(len(text))
+
+
+def prompt_overlap(prompt, response):
+    return float(len(set(prompt.split()) & set(response.split())))
+
+
+def broken(text):
+    return "very good"

@@ -1,0 +1,133 @@
+"""Every stage of the LM pipeline through its CLI on a tiny config, and each kind of bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlhf_toy.errors import run_cli
+from rlhf_toy.lm.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "tokenizer": ["--vocab_size", "400", "--max_train_pairs", "2000"],
+    "sft": ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--epochs", "2", "--batch_size", "32",
+            "--learning_rate", "5e-3", "--max_train_pairs", "2000"],
+    "preferences": ["--n_prompts", "40", "--k", "3", "--n_eval_prompts", "10", "--max_new_tokens", "24"],
+    "reward": ["--epochs", "1", "--batch_size", "16"],
+}
+
+
+def stage(name, run_dir, *extra):
+    return run_cli(main, [name, "--run_dir", str(run_dir), "--progress", "False", "--threads", "1", *TINY[name],
+                          *extra])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    # A judge that always tells replies apart (their length): a model this small rarely names the topic yet.
+    for name in ("tokenizer", "sft", "preferences", "reward"):
+        assert stage(name, d, "--judge", "tests.judges:length") == 0, name
+    return d
+
+
+def test_each_stage_writes_its_outputs(run_dir):
+    from datasets import load_from_disk
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
+    AutoModelForCausalLM.from_pretrained(run_dir / "sft")
+    sft = json.loads((run_dir / "sft.json").read_text())
+    assert 0 < sft["entropy_floor"] < sft["eval_loss"] < 2 and 0 <= sft["on_topic_rate"] <= 1
+    ds = load_from_disk(str(run_dir / "preferences"))
+    assert {"prompt", "chosen", "rejected", "chosen_score", "rejected_score", "label"} <= set(ds.column_names)
+    assert len(ds) > 40 and all(c != r for c, r in zip(ds["chosen_score"], ds["rejected_score"]))
+    rm = AutoModelForSequenceClassification.from_pretrained(run_dir / "reward_model")
+    assert rm.config.reward_std > 0
+    reward = json.loads((run_dir / "reward.json").read_text())
+    assert 0 <= reward["heldout_accuracy"] <= 1 and "heldout_correlation" in reward
+
+
+def test_sample_command_chats(run_dir):
+    p = subprocess.run([sys.executable, "-m", "rlhf_toy.lm", "sample", "--model_dir", str(run_dir / "sft"), "--n", "2"],
+                       input="My printer won't start.\n", capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("bot:") == 2
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_preference_file_without_the_columns(run_dir, tmp_path, capsys):
+    bad = write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": "hi", "answer": "yo"}])
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    shutil.rmtree(out / "reward_model")
+    assert stage("reward", out, "--preferences_file", str(bad)) == 2
+    assert "lacks the column(s) ['chosen', 'rejected']" in capsys.readouterr().err
+    assert not (out / "reward_model").exists()
+
+
+def test_empty_dataset(tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    assert stage("tokenizer", tmp_path / "run", "--data", str(tmp_path / "empty.jsonl")) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "tokenizer").exists()
+
+
+def test_prompt_longer_than_the_context(tmp_path, capsys):
+    rows = [{"prompt": f"short question {i}", "response": f"short answer {i}"} for i in range(30)]
+    rows.append({"prompt": " ".join(["word"] * 200), "response": "ok"})
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    assert stage("tokenizer", tmp_path / "run", "--data", str(data)) == 0
+    assert stage("sft", tmp_path / "run", "--data", str(data)) == 2
+    assert "too long for the context of 64" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "sft").exists()
+
+
+def test_tokenizer_that_does_not_match_the_model(run_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage("tokenizer", tmp_path / "other", "--vocab_size", "300") == 0
+    for f in (tmp_path / "other" / "tokenizer").iterdir():
+        shutil.copy(f, out / "sft" / f.name)
+    assert stage("preferences", out, "--judge", "tests.judges:length") == 2
+    assert "does not match" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("judge,message", [
+    ("no_such_module_xyz:score", "cannot import judge"),
+    ("tests.judges:nope", "cannot import judge"),
+    ("tests.judges:broken", "not a number"),
+    ("missing_colon", "must look like module:function"),
+])
+def test_bad_judges(judge, message, run_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    shutil.rmtree(out / "preferences")
+    assert stage("preferences", out, "--judge", judge) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / "preferences").exists()
+
+
+def test_custom_judges_and_data(tmp_path):
+    from rlhf_toy.lm.tasks import get_task
+
+    rows = [{"prompt": f"q{i}", "chosen": f"a{i} q{i}", "rejected": "x"} for i in range(20)]
+    data = write_jsonl(tmp_path / "trl.jsonl", rows)
+    task = get_task("helpdesk", str(data), "tests.judges:prompt_overlap")
+    assert len(task.train) + len(task.eval) == 20
+    assert task.judge(["q1 hello"], ["q1 hello there"]) == [2.0]
+    assert get_task("chatterbot", judge="tests.judges:length").judge(["a"], ["abc"]) == [3.0]
+
+
+def test_cli_exit_code_and_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "rlhf_toy.lm", "sft", "--run_dir", str(tmp_path)], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2 and "no tokenizer in" in p.stderr and "Traceback" not in p.stderr
