@@ -9,7 +9,12 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from rlhf_toy.lm.chat import EOS, PAD, prompt_text, train_tokenizer
 from rlhf_toy.lm.model import ModelConfig, encode_prompts, left_pad, new_causal_lm, position_ids, right_pad
 from rlhf_toy.lm.reward import (
-    RewardConfig, bradley_terry_loss, pairwise_accuracy, raw_scores, score_texts, set_normalization,
+    RewardConfig,
+    bradley_terry_loss,
+    pairwise_accuracy,
+    raw_scores,
+    score_texts,
+    set_normalization,
     train_reward_model,
 )
 from rlhf_toy.lm.sft import SFTConfig, encode_pairs, train_sft
