@@ -133,7 +133,7 @@ def ppo_update(
     """
     lr, clip_range = current_schedule(cfg, progress)
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # a group may run at a multiple (e.g. a fresh value head)
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     n = batch.actions.shape[0]

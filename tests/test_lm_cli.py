@@ -131,3 +131,58 @@ def test_cli_exit_code_and_one_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "rlhf_toy.lm", "sft", "--run_dir", str(tmp_path)], capture_output=True,
                        text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "no tokenizer in" in p.stderr and "Traceback" not in p.stderr
+
+
+PPO_TINY = ["--steps", "2", "--batch_size", "8", "--max_new_tokens", "16", "--judge", "tests.judges:length"]
+
+
+def test_ppo_evaluate_and_resume(run_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    base = ["--run_dir", str(out), "--progress", "False", "--threads", "1"]
+    assert run_cli(main, ["ppo", *base, *PPO_TINY, "--save_every", "1"]) == 0
+    AutoModelForCausalLM.from_pretrained(out / "ppo" / "policy")  # plain HF loading
+    rows = [json.loads(x) for x in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("score", "gold", "kl", "beta", "entropy", "ppo/clip_fraction", "ppo/approx_kl", "ppo/value_loss",
+                "ppo/explained_variance", "response_length", "eos_rate"):
+        assert key in rows[0]
+    assert (out / "ppo" / "curves.png").stat().st_size > 5000
+    # Resume from the step-2 checkpoint for one more step.
+    assert run_cli(main, ["ppo", *base, *PPO_TINY[2:], "--steps", "3", "--resume"]) == 0
+    rows = [json.loads(x) for x in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert run_cli(main, ["evaluate", *base, "--eval_prompts", "6", "--best_of", "2,4", "--max_new_tokens", "16",
+                          "--judge", "tests.judges:length"]) == 0
+    table = (out / "eval.md").read_text()
+    for name in ("SFT", "best-of-2", "best-of-4", "PPO (ppo)"):
+        assert f"| {name} |" in table
+    names = [r["name"] for r in json.loads((out / "eval.json").read_text())["rows"]]
+    assert names == ["SFT", "best-of-2", "best-of-4", "PPO (ppo)"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--kl_coef", "-0.1"], "kl_coef (beta) must be >= 0"),
+    (["--kl_target", "-1"], "kl_target must be > 0"),
+    (["--batch_size", "100000"], "larger than the prompt set"),
+    (["--resume"], "nothing to resume"),
+])
+def test_ppo_bad_input(extra, message, run_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    args = ["ppo", "--run_dir", str(out), "--progress", "False", "--steps", "1", "--judge", "tests.judges:length"]
+    assert run_cli(main, [*args, *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / "ppo" / "policy").exists()
+
+
+def test_ppo_refuses_a_reward_model_with_another_tokenizer(run_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage("tokenizer", tmp_path / "other", "--vocab_size", "300") == 0
+    for f in (tmp_path / "other" / "tokenizer").iterdir():
+        shutil.copy(f, out / "reward_model" / f.name)
+    assert run_cli(main, ["ppo", "--run_dir", str(out), "--progress", "False", "--steps", "1"]) == 2
+    assert "reward model's tokenizer" in capsys.readouterr().err

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 
 from rlhf_toy.cli import Command, dispatch
 from rlhf_toy.errors import UserError, run_cli
+from rlhf_toy.ppo import PPOConfig
 
 from .model import ModelConfig
+from .overopt import OveroptConfig, run_overoptimization
 from .pipeline import RunConfig, TokenizerConfig, stage_preferences, stage_reward, stage_sft, stage_tokenizer
 from .preferences import PreferenceConfig
 from .reward import RewardConfig
+from .rlhf import LM_PPO, RLHFConfig
 from .sft import SFTConfig
+from .stages_rl import EvalConfig, ResumeConfig, stage_evaluate, stage_ppo
 
 
 @dataclass
@@ -33,7 +38,22 @@ class SampleConfig:
 
 
 def _print(metrics: dict) -> int:
-    print(json.dumps({k: v for k, v in metrics.items() if k not in ("history", "samples", "config")}))
+    print(json.dumps({k: v for k, v in metrics.items() if k not in ("history", "samples", "config", "ppo")}))
+    return 0
+
+
+def _all(run: RunConfig) -> int:
+    """Every stage on its defaults, in order, ending with the evaluation table."""
+    from .pipeline import stage_preferences, stage_reward, stage_sft, stage_tokenizer
+
+    t0 = time.perf_counter()
+    _print(stage_tokenizer(run, TokenizerConfig()))
+    _print(stage_sft(run, ModelConfig(), SFTConfig()))
+    _print(stage_preferences(run, PreferenceConfig()))
+    _print(stage_reward(run, RewardConfig()))
+    _print(stage_ppo(run, RLHFConfig(), PPOConfig(**LM_PPO), ResumeConfig()))
+    stage_evaluate(run, EvalConfig())
+    print(json.dumps({"stage": "all", "wall_s": time.perf_counter() - t0}))
     return 0
 
 
@@ -70,6 +90,15 @@ COMMANDS = {
                            (RunConfig, PreferenceConfig), lambda r, c: _print(stage_preferences(r, c))),
     "reward": Command("Stage 4: train the reward model (Bradley-Terry) and report held-out accuracy.",
                       (RunConfig, RewardConfig), lambda r, c: _print(stage_reward(r, c))),
+    "ppo": Command("Stage 5: PPO against the reward model with a KL penalty to the frozen SFT reference.",
+                   (RunConfig, RLHFConfig, PPOConfig, ResumeConfig), lambda r, c, p, x: _print(stage_ppo(r, c, p, x)),
+                   defaults=LM_PPO),
+    "evaluate": Command("Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
+                        (RunConfig, EvalConfig), lambda r, c: _print(stage_evaluate(r, c))),
+    "all": Command("Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.",
+                   (RunConfig,), _all),
+    "overopt": Command("The lesson's warning: PPO at several betas vs best-of-n, gold and proxy against sqrt(KL).",
+                       (RunConfig, OveroptConfig), lambda r, c: 0 if run_overoptimization(r, c) else 1),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
 }
 

@@ -36,23 +36,36 @@ def response_mask_after_eos(response_ids: Tensor, eos_id: int) -> tuple[Tensor, 
 
 @torch.no_grad()
 def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
-           batch_size: int = 256) -> Samples:
-    """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats."""
+           batch_size: int = 256, stop_at_eos: bool = True) -> Samples:
+    """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats.
+
+    `stop_at_eos=False` generates exactly `max_new_tokens` tokens and counts them all as real (throughput
+    benchmarks), without changing the sampling distribution.
+    """
     chunks = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start: start + batch_size]
-        ids, mask = left_pad(encode_prompts(tok, chunk), tok.pad_token_id)
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_k=0,
-                             top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
-        chunks.append((ids, mask, out[:, ids.shape[1]:]))
+    saved_eos = model.generation_config.eos_token_id
+    if not stop_at_eos:
+        model.generation_config.eos_token_id = None  # generate() would otherwise fall back to it and stop
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start: start + batch_size]
+            ids, mask = left_pad(encode_prompts(tok, chunk), tok.pad_token_id)
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
+                                 top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id if stop_at_eos else None)
+            chunks.append((ids, mask, out[:, ids.shape[1]:]))
+    finally:
+        model.generation_config.eos_token_id = saved_eos
     P = max(c[0].shape[1] for c in chunks)
     R = max(c[2].shape[1] for c in chunks)
     pad = tok.pad_token_id
     prompt_ids = torch.cat([torch.nn.functional.pad(c[0], (P - c[0].shape[1], 0), value=pad) for c in chunks])
     prompt_mask = torch.cat([torch.nn.functional.pad(c[1], (P - c[1].shape[1], 0), value=0) for c in chunks])
     response_ids = torch.cat([torch.nn.functional.pad(c[2], (0, R - c[2].shape[1]), value=pad) for c in chunks])
-    response_mask, eos = response_mask_after_eos(response_ids, tok.eos_token_id)
+    if stop_at_eos:
+        response_mask, eos = response_mask_after_eos(response_ids, tok.eos_token_id)
+    else:
+        response_mask, eos = torch.ones_like(response_ids), (response_ids == tok.eos_token_id).any(1)
     response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad))
     texts = decode_responses(tok, response_ids, response_mask)
     return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts)

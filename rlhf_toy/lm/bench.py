@@ -1,0 +1,82 @@
+"""PPO throughput for language models: this project's RLHF step against TRL's PPO trainer.
+
+Both sides: a randomly initialised tiny GPT-2 (policy, reference, reward model), batch 64 prompts per update,
+exactly `response_length` generated tokens (no stop at EOS), 4 PPO epochs of one 64-sequence minibatch,
+one torch thread. An episode = one prompt's generation + scoring + its share of the update.
+TRL runs in its own virtual environment through `scripts/peers/trl_ppo_bench.py` (trl 1.12 pins its own
+versions); see README "Speed" for the setup line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .chat import train_tokenizer
+from .model import ModelConfig, new_causal_lm
+from .rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+from .tasks import helpdesk_task
+
+PEER = Path(__file__).resolve().parents[2] / "scripts" / "peers" / "trl_ppo_bench.py"
+
+
+def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
+         threads: int) -> dict[str, Any]:
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    torch.set_num_threads(threads)
+    from .pipeline import quiet_libraries
+
+    quiet_libraries()
+    task = helpdesk_task(n_train=4000, n_eval=10)
+    tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], 512)
+    cfg = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=2, n_positions=64)
+    policy = new_causal_lm(tok, cfg, seed=0)
+    rm_cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=n_embd, n_layer=n_layer, n_head=2, num_labels=1,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=tok.pad_token_id)
+    rm = GPT2ForSequenceClassification(rm_cfg).eval()
+    rl = RLHFConfig(steps=episodes // batch_size, batch_size=batch_size, temperature=0.7,
+                    max_new_tokens=response_length, stop_at_eos=False, kl_coef=0.05)
+    trainer = RLHFTrainer(policy, rm, tok, rl, lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6),
+                          task.train_prompts, seed=0)
+    t0 = time.perf_counter()
+    lengths = []
+    for _ in range(rl.steps):
+        m = trainer.step()
+        lengths.append(m["response_length"])
+    train_s = time.perf_counter() - t0
+    assert all(n == response_length for n in lengths), lengths
+    n = rl.steps * batch_size
+    return {"peer": "rlhf-toy", "episodes": n, "batch_size": batch_size, "response_length": response_length,
+            "n_layer": n_layer, "n_embd": n_embd, "train_s": train_s, "episodes_per_s": n / train_s,
+            "tokens_per_s": n * response_length / train_s}
+
+
+def trl(python: str, episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
+        threads: int, skip_gc: bool) -> dict[str, Any]:
+    cmd = [python, str(PEER), "--episodes", str(episodes), "--batch-size", str(batch_size), "--response-length",
+           str(response_length), "--n-layer", str(n_layer), "--n-embd", str(n_embd), "--threads", str(threads)]
+    if skip_gc:
+        cmd.append("--skip-gc-collect")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if p.returncode != 0:
+        return {"peer": "trl" + ("-nogc" if skip_gc else ""), "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    return {"peer": "trl" + ("-nogc" if skip_gc else ""), **json.loads(p.stdout.strip().splitlines()[-1])}
+
+
+def ours_in_subprocess(**kw: Any) -> dict[str, Any]:
+    import sys
+
+    code = f"import json; from rlhf_toy.lm.bench import ours; print(json.dumps(ours(**{kw!r})))"
+    env = {**os.environ, "OMP_NUM_THREADS": str(kw["threads"]), "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    if p.returncode != 0:
+        return {"peer": "rlhf-toy", "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])

@@ -1,0 +1,25 @@
+"""Hooks for running the RLHF trainer data-parallel under `torchrun` later (not built yet).
+
+Each rank seeds itself with `seed + rank` and draws its own prompts; metrics are averaged across ranks
+(a no-op in one process), so logs mean the same thing at any world size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rank_and_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def mean_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    _, world = rank_and_world()
+    if world == 1:
+        return metrics
+    keys = sorted(metrics)
+    t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return {k: float(v) / world for k, v in zip(keys, t.tolist())}

@@ -1,0 +1,90 @@
+"""Evaluation on held-out prompts: the SFT model, best-of-n from it (ranked by the reward model) and policies.
+
+For each: mean gold score, mean reward-model score, KL to the reference (sequence level, nats; best-of-n's is
+log n - (n - 1) / n), on-topic rate (tasks with a topic), distinct-2, repetition rate, and five samples.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .model import response_logprobs
+from .reward import score_texts
+from .sampling import sample
+from .tasks import Task, on_topic
+
+
+def distinct_2(texts: list[str]) -> float:
+    """Unique word bigrams / all word bigrams across the responses."""
+    bigrams = [tuple(w[i:i + 2]) for t in texts for w in [t.split()] for i in range(len(w) - 1)]
+    return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
+
+
+def repetition_rate(texts: list[str]) -> float:
+    """Mean share of words in a response that repeat an earlier word of the same response."""
+    rates = [1 - len(set(w)) / len(w) for t in texts for w in [t.lower().split()] if w]
+    return float(np.mean(rates)) if rates else 0.0
+
+
+def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: list[float]) -> dict[str, Any]:
+    gold = task.judge(prompts, texts)
+    return {
+        "gold": float(np.mean(gold)), "rm_score": float(np.mean(rm_scores)),
+        "on_topic": float(np.mean([on_topic(p, r) for p, r in zip(prompts, texts)])) if task.has_topic else None,
+        "distinct_2": distinct_2(texts), "repetition": repetition_rate(texts),
+        "length_words": float(np.mean([len(t.split()) for t in texts])),
+        "samples": [{"prompt": p, "response": r} for p, r in list(zip(prompts, texts))[:5]],
+    }
+
+
+def best_of_n_kl(n: int) -> float:
+    return math.log(n) - (n - 1) / n
+
+
+@torch.no_grad()
+def evaluate_policy(name: str, model, ref_model, rm, tok, task: Task, prompts: list[str], temperature: float,
+                    max_new_tokens: int, seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    s = sample(model, tok, prompts, max_new_tokens, temperature)
+    logp, _ = response_logprobs(model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
+    ref_logp, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
+    kl = ((logp - ref_logp) * s.response_mask).sum(1).mean().item()
+    scores = score_texts(rm, tok, prompts, s.texts).tolist()
+    return {"name": name, "kl": kl, "eos_rate": float(s.eos.float().mean()),
+            **text_metrics(task, prompts, s.texts, scores)}
+
+
+@torch.no_grad()
+def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: list[int], temperature: float,
+                       max_new_tokens: int, seed: int) -> list[dict[str, Any]]:
+    """Sample max(ns) replies per prompt once; best-of-n for each n uses the first n of them."""
+    torch.manual_seed(seed)
+    n_max = max(ns)
+    flat_prompts = [p for p in prompts for _ in range(n_max)]
+    texts = sample(sft_model, tok, flat_prompts, max_new_tokens, temperature).texts
+    scores = score_texts(rm, tok, flat_prompts, texts).view(len(prompts), n_max)
+    rows = []
+    for n in ns:
+        best = scores[:, :n].argmax(1).tolist()
+        chosen = [texts[i * n_max + b] for i, b in enumerate(best)]
+        chosen_scores = scores[torch.arange(len(prompts)), torch.tensor(best)].tolist()
+        rows.append({"name": f"best-of-{n}", "kl": best_of_n_kl(n), "eos_rate": None,
+                     **text_metrics(task, prompts, chosen, chosen_scores)})
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = "| model | gold | RM score | KL (nats) | on topic | distinct-2 | repetition | words |"
+    lines = [head, "|" + " --- |" * 8]
+    for r in rows:
+        on = "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}"
+        lines.append(f"| {r['name']} | {r['gold']:.3f} | {r['rm_score']:.2f} | {r['kl']:.2f} | {on} | "
+                     f"{r['distinct_2']:.3f} | {r['repetition']:.3f} | {r['length_words']:.1f} |")
+    out = "\n".join(lines) + "\n"
+    for r in rows:
+        out += f"\n**{r['name']}**\n\n" + "".join(f"- {s['prompt']} -> {s['response']}\n" for s in r["samples"])
+    return out

@@ -1,0 +1,35 @@
+"""The RLHF policy: the SFT language model plus a value head, implementing the core's `ActorCritic`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .model import response_logprobs
+
+
+class PolicyWithValueHead(nn.Module):
+    """`evaluate((prompt_ids, prompt_mask), response_ids) -> (logprobs, entropy, values)`, each `[B, R]`.
+
+    The value head reads the trunk's last hidden states *detached*: its loss trains the head only, never the
+    language model (a value loss flowing into a shared trunk destabilized PPO in a small test here).
+    """
+
+    def __init__(self, lm: nn.Module, temperature: float, value_hidden: int = 128) -> None:
+        super().__init__()
+        self.lm, self.temperature = lm, temperature
+        width = lm.config.n_embd
+        self.value_head = nn.Sequential(nn.Linear(width, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
+        nn.init.zeros_(self.value_head[2].weight)
+        nn.init.zeros_(self.value_head[2].bias)
+
+    def evaluate(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        prompt_ids, prompt_mask = observations
+        logprobs, entropy, hidden = response_logprobs(self.lm, prompt_ids, prompt_mask, actions, self.temperature,
+                                                      return_hidden=True)
+        values = self.value_head(hidden.detach()).squeeze(-1)
+        return logprobs, entropy, values
+
+    @torch.no_grad()
+    def evaluate_no_grad(self, observations: tuple[Tensor, Tensor], actions: Tensor):
+        return self.evaluate(observations, actions)

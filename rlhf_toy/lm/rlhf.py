@@ -1,0 +1,216 @@
+"""PPO with a KL penalty to the frozen reference: the RLHF step, in numbered stages, on the shared core.
+
+One step: (1) sample responses for a batch of prompts; (2) log-probs of policy and reference at the sampling
+temperature, and values; (3) reward-model scores (and gold scores, for logging only); (4) per-token rewards
+-beta * KL plus the score at the last real token; (5) advantages by the core's `gae` over response tokens
+with the padding mask; (6) the core's `ppo_update` (clipped policy loss, clipped value loss, minibatch epochs).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlhf_toy.advantages import gae
+from rlhf_toy.errors import UserError
+from rlhf_toy.masks import masked_mean, masked_whiten
+from rlhf_toy.ppo import PPOConfig, RolloutBatch, ppo_update
+
+from .distributed import mean_across_ranks
+from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
+from .model import response_logprobs
+from .policy import PolicyWithValueHead
+from .reward import score_texts
+from .sampling import sample
+
+# PPO settings for language models (TRL-like): gamma 1, lambda 0.95, 4 epochs, clipped value loss.
+LM_PPO = dict(learning_rate=2e-5, anneal_lr=False, n_epochs=4, minibatch_size=16, gamma=1.0, gae_lambda=0.95,
+              clip_range=0.2, clip_range_vf=0.2, vf_coef=0.1, ent_coef=0.0, max_grad_norm=1.0,
+              normalize_advantages=True)
+
+
+def lm_ppo_config(**overrides: Any) -> PPOConfig:
+    return PPOConfig(**{**LM_PPO, **overrides})
+
+
+@dataclass
+class RLHFConfig:
+    """The RLHF loop around the PPO update."""
+
+    steps: int = field(default=200, metadata={"help": "PPO steps (one batch of prompts each)."})
+    batch_size: int = field(default=64, metadata={"help": "Prompts (episodes) per step."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also used for log-probs)."})
+    max_new_tokens: int = field(default=32, metadata={"help": "Longest response."})
+    kl_coef: float = field(default=0.1, metadata={"help": "beta: weight of the per-token KL penalty."})
+    adaptive_kl: bool = field(default=False, metadata={"help": "Adapt beta toward kl_target (Ziegler et al.)."})
+    kl_target: float = field(default=6.0, metadata={"help": "KL target in nats for the adaptive controller."})
+    kl_horizon: int = field(default=10_000, metadata={"help": "Horizon (episodes) of the adaptive controller."})
+    kl_estimator: str = field(default="k1", metadata={"help": "Per-token KL estimator: k1 or k3."})
+    kl_limit: float | None = field(default=None, metadata={
+        "help": "Stop when the moving-average KL exceeds this, keeping the last policy under it (None: never)."})
+    kl_limit_window: int = field(default=5, metadata={"help": "Steps in the KL moving average."})
+    missing_eos_penalty: float | None = field(default=None, metadata={
+        "help": "Subtract this from the score of a response that never emitted EOS (None: no penalty)."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards (scale only)."})
+    value_lr_scale: float = field(default=50.0, metadata={"help": "Value head learning rate / policy's."})
+    stop_at_eos: bool = field(default=True, metadata={"help": "Stop generation at EOS (off: fixed length)."})
+    save_every: int = field(default=25, metadata={"help": "Checkpoint every this many steps (0: only at the end)."})
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.steps >= 1, "steps must be >= 1"), (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.temperature > 0, "temperature must be > 0"),
+            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+            (self.kl_coef >= 0, f"kl_coef (beta) must be >= 0 (got {self.kl_coef})"),
+            (self.kl_target > 0, f"kl_target must be > 0 (got {self.kl_target})"),
+            (self.kl_horizon >= 1, "kl_horizon must be >= 1"),
+            (self.kl_estimator in ("k1", "k3"), f"kl_estimator must be k1 or k3 (got {self.kl_estimator!r})"),
+            (self.kl_limit is None or self.kl_limit > 0, f"kl_limit must be > 0 (got {self.kl_limit})"),
+            (self.kl_limit_window >= 1, "kl_limit_window must be >= 1"),
+            (self.value_lr_scale > 0, "value_lr_scale must be > 0"), (self.save_every >= 0, "save_every must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(f"{message}; pass a valid value")
+
+
+@dataclass
+class Experience:
+    """One step's rollouts: everything `ppo_update` and the logs need. Tensors are `[B, R]` unless noted."""
+
+    batch: RolloutBatch
+    scores: Tensor  # [B] reward-model scores (after any EOS penalty)
+    kl: Tensor  # [B, R] per-token KL (0 on padding)
+    texts: list[str]
+    eos: Tensor  # [B]
+    entropy: Tensor
+
+
+def score_responses(reward_model, tok, prompts: list[str], texts: list[str]) -> Tensor:
+    """A learned reward model (normalized scores), or any callable `(prompts, texts) -> [B]` (rule rewards)."""
+    if isinstance(reward_model, torch.nn.Module):
+        return score_texts(reward_model, tok, prompts, texts)
+    return torch.as_tensor(reward_model(prompts, texts), dtype=torch.float32)
+
+
+def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, prompts: list[str], beta: float,
+                    cfg: RLHFConfig, ppo: PPOConfig) -> Experience:
+    # 1. Sample from the current policy (torch's global RNG).
+    s = sample(policy.lm, tok, prompts, cfg.max_new_tokens, cfg.temperature, stop_at_eos=cfg.stop_at_eos)
+    obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
+    with torch.no_grad():
+        # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
+        logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
+        ref_logprobs, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, cfg.temperature)
+        # 3. Scores of the decoded text, as a reader (and the reward model) sees it.
+        scores = score_responses(reward_model, tok, prompts, s.texts)
+        if cfg.missing_eos_penalty is not None:
+            scores = scores - cfg.missing_eos_penalty * (~s.eos).float()
+        # 4. Per-token rewards: -beta * KL, plus the score on the last real token.
+        kl = per_token_kl(logprobs, ref_logprobs, cfg.kl_estimator) * mask
+        rewards = shaped_rewards(scores, kl, mask, beta)
+        if cfg.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False)
+        # 5. Advantages by the core's GAE, time-major; the last real token ends the episode.
+        values = values * mask
+        next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], 1)
+        terminated = torch.zeros_like(mask, dtype=torch.bool)
+        terminated[torch.arange(mask.shape[0]), (mask.sum(1) - 1).clamp(min=0).long()] = True
+        adv, ret = gae(rewards.T, values.T, next_values.T, terminated.T, gamma=ppo.gamma, lam=ppo.gae_lambda,
+                       mask=mask.T)
+    batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv.T, ret.T, mask)
+    return Experience(batch, scores, kl, s.texts, s.eos, entropy)
+
+
+class RLHFTrainer:
+    """Holds the four roles (policy + value head, frozen reference, reward model) and runs PPO steps."""
+
+    def __init__(self, sft_model, reward_model, tok, cfg: RLHFConfig, ppo: PPOConfig, prompts: list[str],
+                 seed: int, judge=None) -> None:
+        if cfg.batch_size > len(prompts):
+            raise UserError(f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
+                            "lower --batch_size or use more prompts")
+        self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
+        torch.manual_seed(seed)  # first: the value head's initialization draws from it
+        self.ref_model = copy.deepcopy(sft_model).eval().requires_grad_(False)
+        if isinstance(reward_model, torch.nn.Module):
+            reward_model = reward_model.eval().requires_grad_(False)
+        self.reward_model = reward_model
+        self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature)  # eval(): dropout stays off
+        self.optimizer = torch.optim.Adam(
+            [{"params": list(self.policy.lm.parameters()), "lr_scale": 1.0},
+             {"params": list(self.policy.value_head.parameters()), "lr_scale": cfg.value_lr_scale}],
+            lr=ppo.learning_rate, eps=ppo.adam_eps)
+        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+                       else FixedKLController(cfg.kl_coef))
+        self.kl_average = MovingAverage(cfg.kl_limit_window)
+        self.step_count = 0
+        self.prompt_generator = torch.Generator().manual_seed(seed)
+        self.update_generator = torch.Generator().manual_seed(seed + 1)
+        self.stopped_by_kl_limit = False
+        self.last_samples: list[dict[str, str]] = []
+
+    def next_prompts(self) -> list[str]:
+        idx = torch.randperm(len(self.prompts), generator=self.prompt_generator)[: self.cfg.batch_size]
+        return [self.prompts[i] for i in idx.tolist()]
+
+    def step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        prompts = self.next_prompts()
+        beta = self.kl_ctl.beta
+        exp = make_experience(self.policy, self.ref_model, self.reward_model, self.tok, prompts, beta, self.cfg,
+                              self.ppo)
+        t_rollout = time.perf_counter() - t0
+        before = copy.deepcopy(self.policy.state_dict()) if self.cfg.kl_limit is not None else None
+        stats = ppo_update(self.policy, self.optimizer, exp.batch, self.ppo,
+                           progress=self.step_count / max(1, self.cfg.steps), generator=self.update_generator)
+        self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
+        mask = exp.batch.mask
+        seq_kl = exp.kl.sum(1)
+        self.step_count += 1
+        metrics = {
+            "step": self.step_count, "score": exp.scores.mean().item(), "kl": seq_kl.mean().item(), "beta": beta,
+            "non_score_reward": (-beta * seq_kl).mean().item(),
+            "entropy": masked_mean(exp.entropy, mask).item(), "response_length": mask.sum(1).mean().item(),
+            "eos_rate": exp.eos.float().mean().item(),
+            **{f"ppo/{k}": v for k, v in stats.items()},
+            "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
+        }
+        if self.judge is not None:
+            metrics["gold"] = float(np.mean(self.judge(prompts, exp.texts)))
+        metrics = mean_across_ranks(metrics)
+        self.kl_ctl.update(metrics["kl"], self.cfg.batch_size)
+        ma = self.kl_average.add(metrics["kl"])
+        metrics["kl_moving_average"] = ma
+        if self.cfg.kl_limit is not None and ma > self.cfg.kl_limit:
+            self.policy.load_state_dict(before)  # roll back the step that crossed the limit
+            self.stopped_by_kl_limit = True
+        return metrics
+
+    # Checkpoints: the policy in Hugging Face format, the rest (value head, optimizer, controller, RNG) beside it.
+    def state(self) -> dict[str, Any]:
+        return {
+            "step": self.step_count, "value_head": self.policy.value_head.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "beta": float(self.kl_ctl.beta),
+            "kl_values": list(self.kl_average.values), "torch_rng": torch.get_rng_state(),
+            "prompt_rng": self.prompt_generator.get_state(), "update_rng": self.update_generator.get_state(),
+            "config": asdict(self.cfg), "ppo": self.ppo.to_dict(), "stopped_by_kl_limit": self.stopped_by_kl_limit,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.step_count = int(state["step"])
+        self.policy.value_head.load_state_dict(state["value_head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.kl_ctl.beta = float(state["beta"])
+        for v in state["kl_values"]:
+            self.kl_average.add(float(v))
+        torch.set_rng_state(state["torch_rng"])
+        self.prompt_generator.set_state(state["prompt_rng"])
+        self.update_generator.set_state(state["update_rng"])
+        self.stopped_by_kl_limit = bool(state.get("stopped_by_kl_limit", False))

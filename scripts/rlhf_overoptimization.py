@@ -1,0 +1,17 @@
+#!/usr/bin/env python
+"""The lesson's warning about RLHF, shown: PPO with beta 0, 0.05 and 0.2 against best-of-n, reward-model score
+and gold score against sqrt(KL). Needs stages 1-4 in --run_dir (e.g. `python -m rlhf_toy.lm all`).
+
+    python scripts/rlhf_overoptimization.py --run_dir runs/helpdesk --steps 100
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlhf_toy.errors import run_cli  # noqa: E402
+from rlhf_toy.lm.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main, ["overopt", *sys.argv[1:]]))
