@@ -91,12 +91,18 @@ def test_prompt_longer_than_the_context(tmp_path, capsys):
     assert not (tmp_path / "run" / "sft").exists()
 
 
-def test_tokenizer_that_does_not_match_the_model(run_dir, tmp_path, capsys):
+def copy_with_foreign_tokenizer(run_dir, tmp_path, model_subdir):
+    """A copy of the run whose `model_subdir` holds a tokenizer of another vocabulary."""
     out = tmp_path / "run"
     shutil.copytree(run_dir, out)
     assert stage("tokenizer", tmp_path / "other", "--vocab_size", "300") == 0
     for f in (tmp_path / "other" / "tokenizer").iterdir():
-        shutil.copy(f, out / "sft" / f.name)
+        shutil.copy(f, out / model_subdir / f.name)
+    return out
+
+
+def test_tokenizer_that_does_not_match_the_model(run_dir, tmp_path, capsys):
+    out = copy_with_foreign_tokenizer(run_dir, tmp_path, "sft")
     assert stage("preferences", out, "--judge", "tests.judges:length") == 2
     assert "does not match" in capsys.readouterr().err
 
@@ -179,10 +185,6 @@ def test_ppo_bad_input(extra, message, run_dir, tmp_path, capsys):
 
 
 def test_ppo_refuses_a_reward_model_with_another_tokenizer(run_dir, tmp_path, capsys):
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
-    assert stage("tokenizer", tmp_path / "other", "--vocab_size", "300") == 0
-    for f in (tmp_path / "other" / "tokenizer").iterdir():
-        shutil.copy(f, out / "reward_model" / f.name)
+    out = copy_with_foreign_tokenizer(run_dir, tmp_path, "reward_model")
     assert run_cli(main, ["ppo", "--run_dir", str(out), "--progress", "False", "--steps", "1"]) == 2
     assert "reward model's tokenizer" in capsys.readouterr().err

@@ -39,7 +39,8 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
     cfg = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=2, n_positions=64)
     policy = new_causal_lm(tok, cfg, seed=0)
     rm_cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=n_embd, n_layer=n_layer, n_head=2, num_labels=1,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=tok.pad_token_id)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=tok.pad_token_id,
+                        activation_function="gelu_pytorch_tanh")
     rm = GPT2ForSequenceClassification(rm_cfg).eval()
     rl = RLHFConfig(steps=episodes // batch_size, batch_size=batch_size, temperature=0.7,
                     max_new_tokens=response_length, stop_at_eos=False, kl_coef=0.05)

@@ -44,6 +44,8 @@ def new_causal_lm(tok, cfg: ModelConfig, seed: int = 0):
     torch.manual_seed(seed)
     config = GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
                         n_head=cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        # GPT-2's tanh GELU, as one fused op instead of GPT-2's default chain of Python ops.
+                        activation_function="gelu_pytorch_tanh",
                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return GPT2LMHeadModel(config).eval()
 

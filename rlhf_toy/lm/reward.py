@@ -78,6 +78,24 @@ def score_texts(rm, tok, prompts: list[str], responses: list[str], batch_size: i
     return torch.cat(out) if out else torch.zeros(0)
 
 
+@torch.no_grad()
+def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                    eos_id: int, pad_id: int) -> Tensor:
+    """Normalized scores `[B]` of generated tokens as they are (no decode/re-encode round trip).
+
+    A response cut at the length limit gets an EOS appended, so the reward model always reads the input shape
+    it was trained on.
+    """
+    seqs = []
+    for p, pm, r, rm_ in zip(prompt_ids.tolist(), prompt_mask.tolist(), response_ids.tolist(), response_mask.tolist()):
+        resp = [t for t, keep in zip(r, rm_) if keep]
+        if not resp or resp[-1] != eos_id:
+            resp.append(eos_id)
+        seqs.append([t for t, keep in zip(p, pm) if keep] + resp)
+    ids, mask = left_pad(seqs, pad_id)
+    return normalize(rm, raw_scores(rm, ids, mask))
+
+
 def reward_model_from_sft(sft_dir: str, tok):
     from transformers import AutoModelForSequenceClassification
 

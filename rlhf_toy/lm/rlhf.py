@@ -24,10 +24,10 @@ from rlhf_toy.ppo import PPOConfig, RolloutBatch, ppo_update
 
 from .distributed import mean_across_ranks
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
-from .model import response_logprobs
+from .model import encode_prompts, response_logprobs
 from .policy import PolicyWithValueHead
-from .reward import score_texts
-from .sampling import sample
+from .reward import score_token_ids
+from .sampling import Samples, sample
 
 # PPO settings for language models (TRL-like): gamma 1, lambda 0.95, 4 epochs, clipped value loss.
 LM_PPO = dict(learning_rate=2e-5, anneal_lr=False, n_epochs=4, minibatch_size=16, gamma=1.0, gae_lambda=0.95,
@@ -92,11 +92,13 @@ class Experience:
     entropy: Tensor
 
 
-def score_responses(reward_model, tok, prompts: list[str], texts: list[str]) -> Tensor:
-    """A learned reward model (normalized scores), or any callable `(prompts, texts) -> [B]` (rule rewards)."""
+def score_responses(reward_model, tok, s: Samples) -> Tensor:
+    """A learned reward model reads the generated tokens; any callable `(prompts, texts) -> [B]` (a rule
+    reward, say) reads the decoded text."""
     if isinstance(reward_model, torch.nn.Module):
-        return score_texts(reward_model, tok, prompts, texts)
-    return torch.as_tensor(reward_model(prompts, texts), dtype=torch.float32)
+        return score_token_ids(reward_model, s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask,
+                               tok.eos_token_id, tok.pad_token_id)
+    return torch.as_tensor(reward_model(s.prompts, s.texts), dtype=torch.float32)
 
 
 def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, prompts: list[str], beta: float,
@@ -108,8 +110,8 @@ def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, p
         # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
         logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
         ref_logprobs, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, cfg.temperature)
-        # 3. Scores of the decoded text, as a reader (and the reward model) sees it.
-        scores = score_responses(reward_model, tok, prompts, s.texts)
+        # 3. Scores from the reward model (EOS-terminated input) or a rule on the text.
+        scores = score_responses(reward_model, tok, s)
         if cfg.missing_eos_penalty is not None:
             scores = scores - cfg.missing_eos_penalty * (~s.eos).float()
         # 4. Per-token rewards: -beta * KL, plus the score on the last real token.
@@ -136,6 +138,10 @@ class RLHFTrainer:
         if cfg.batch_size > len(prompts):
             raise UserError(f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
                             "lower --batch_size or use more prompts")
+        longest = max(len(p) for p in encode_prompts(tok, prompts))
+        if longest + cfg.max_new_tokens + 1 > sft_model.config.n_positions:
+            raise UserError(f"prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) + EOS exceeds the "
+                            f"context of {sft_model.config.n_positions}; lower --max_new_tokens")
         self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
         self.ref_model = copy.deepcopy(sft_model).eval().requires_grad_(False)
