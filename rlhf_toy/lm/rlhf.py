@@ -22,7 +22,7 @@ from rlhf_toy.errors import UserError
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, ppo_update
 
-from .distributed import mean_across_ranks
+from .distributed import mean_across_ranks, rank_and_world
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
 from .model import encode_prompts, response_logprobs
 from .policy import PolicyWithValueHead
@@ -143,6 +143,7 @@ class RLHFTrainer:
             raise UserError(f"prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) + EOS exceeds the "
                             f"context of {sft_model.config.n_positions}; lower --max_new_tokens")
         self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
+        seed = seed + rank_and_world()[0]  # data-parallel ranks draw different prompts and samples
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
         self.ref_model = copy.deepcopy(sft_model).eval().requires_grad_(False)
         if isinstance(reward_model, torch.nn.Module):
