@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from rlhf_toy.errors import UserError
 
@@ -62,7 +61,3 @@ def reward_threshold(env_id: str) -> float | None:
     """The env's registered 'solved' threshold (475 for CartPole-v1), or None."""
     threshold = gym.spec(env_id).reward_threshold
     return None if threshold is None else float(threshold)
-
-
-def as_actions(actions: np.ndarray) -> np.ndarray:
-    return actions.astype(np.int64, copy=False)

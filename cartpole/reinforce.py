@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from rlhf_toy.advantages import discounted_returns
@@ -106,9 +105,3 @@ def gradient_variance(agent: MLPActorCritic, episodes: list[tuple[torch.Tensor, 
         grads.append(torch.cat([x.flatten() for x in g]))
     stacked = torch.stack(grads)
     return float(stacked.var(dim=0).sum())
-
-
-def lesson_moving_noise(returns: list[float], window: int = 50) -> tuple[float, float]:
-    """Mean and std of the last `window` episode returns (the lesson's noise measure)."""
-    last = np.asarray(returns[-window:], dtype=float)
-    return float(last.mean()), float(last.std())

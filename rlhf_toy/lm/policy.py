@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .model import response_logprobs
@@ -29,7 +28,3 @@ class PolicyWithValueHead(nn.Module):
                                                       return_hidden=True)
         values = self.value_head(hidden.detach()).squeeze(-1)
         return logprobs, entropy, values
-
-    @torch.no_grad()
-    def evaluate_no_grad(self, observations: tuple[Tensor, Tensor], actions: Tensor):
-        return self.evaluate(observations, actions)

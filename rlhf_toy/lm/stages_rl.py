@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -160,7 +159,3 @@ def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
     print(table)
     return {"stage": "evaluate", "rows": {r["name"]: {k: r[k] for k in ("gold", "rm_score", "kl", "on_topic")}
                                           for r in rows}}
-
-
-def summary_json(metrics: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in metrics.items() if k not in ("config", "ppo")})
