@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from rlhf_toy.advantages import gae
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json
 from rlhf_toy.logging import MetricLogger
-from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
+from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, option, ppo_update
 from rlhf_toy.seeding import seed_everything
 
 from .agent import MLPActorCritic, save_agent
@@ -43,28 +43,24 @@ def cartpole_ppo_config(**overrides: Any) -> PPOConfig:
     return PPOConfig(**{**CARTPOLE_PPO, **overrides})
 
 
-def _opt(text: str, default: Any) -> Any:
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
 class TrainConfig:
     """Run settings for `cartpole train` (the PPO hyperparameters are in `rlhf_toy.ppo.PPOConfig`)."""
 
-    env_id: str = _opt("Gymnasium id: a Discrete-action env with a flat Box observation.", "CartPole-v1")
-    seed: int = _opt("Seed for the networks, the sampling and the envs.", 0)
-    total_steps: int = _opt("Env steps to train for (summed over envs).", 100_000)
-    num_envs: int = _opt("Envs stepped in parallel.", 16)
-    n_steps: int = _opt("Steps per env per rollout; a batch holds num_envs x n_steps steps.", 32)
-    hidden: int = _opt("Width of the two hidden layers of actor and critic.", 64)
-    out: str = _opt("Run directory for metrics, plots and checkpoints.", "runs/cartpole")
-    eval_every: int = _opt("Evaluate deterministically every this many env steps (0: only at the end).", 10_000)
-    eval_episodes: int = _opt("Episodes per evaluation.", 20)
-    solved_window: int = _opt("Solved = mean return of this many last episodes >= the env's threshold.", 20)
-    threads: int = _opt("torch threads (1 is fastest for these small networks).", 1)
-    progress: bool = _opt("Show a progress bar.", True)
-    tensorboard: bool = _opt("Also log to TensorBoard when it is installed.", True)
-    plot: bool = _opt("Save a learning-curve PNG at the end.", True)
+    env_id: str = option("Gymnasium id: a Discrete-action env with a flat Box observation.", "CartPole-v1")
+    seed: int = option("Seed for the networks, the sampling and the envs.", 0)
+    total_steps: int = option("Env steps to train for (summed over envs).", 100_000)
+    num_envs: int = option("Envs stepped in parallel.", 16)
+    n_steps: int = option("Steps per env per rollout; a batch holds num_envs x n_steps steps.", 32)
+    hidden: int = option("Width of the two hidden layers of actor and critic.", 64)
+    out: str = option("Run directory for metrics, plots and checkpoints.", "runs/cartpole")
+    eval_every: int = option("Evaluate deterministically every this many env steps (0: only at the end).", 10_000)
+    eval_episodes: int = option("Episodes per evaluation.", 20)
+    solved_window: int = option("Solved = mean return of this many last episodes >= the env's threshold.", 20)
+    threads: int = option("torch threads (1 is fastest for these small networks).", 1)
+    progress: bool = option("Show a progress bar.", True)
+    tensorboard: bool = option("Also log to TensorBoard when it is installed.", True)
+    plot: bool = option("Save a learning-curve PNG at the end.", True)
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "num_envs", "n_steps", "hidden", "eval_episodes", "solved_window", "threads"):

@@ -44,7 +44,8 @@ class ActorCritic(Protocol):
         ...
 
 
-def _help(text: str, default: Any) -> Any:
+def option(text: str, default: Any) -> Any:
+    """A dataclass field with a help text (shown by `--help` of the CLIs built with HfArgumentParser)."""
     return field(default=default, metadata={"help": text})
 
 
@@ -52,22 +53,22 @@ def _help(text: str, default: Any) -> Any:
 class PPOConfig:
     """Hyperparameters of the PPO update and of GAE. Validated on construction."""
 
-    learning_rate: float = _help("Adam learning rate at the start of training.", 3e-4)
-    anneal_lr: bool = _help("Anneal the learning rate linearly to 0 over training.", True)
-    n_epochs: int = _help("Passes over each batch of experience.", 10)
-    minibatch_size: int = _help("Samples per gradient step (env steps, or sequences for a language model).", 64)
-    gamma: float = _help("Discount factor.", 0.99)
-    gae_lambda: float = _help("GAE lambda: 0 is one-step TD, 1 is Monte-Carlo.", 0.95)
-    clip: bool = _help("Clip the policy ratio; --no_clip gives the unclipped surrogate.", True)
-    clip_range: float = _help("Policy ratio clip epsilon: r is kept in [1 - eps, 1 + eps].", 0.2)
-    anneal_clip: bool = _help("Anneal clip_range linearly to 0 over training (rl-zoo style).", False)
-    clip_range_vf: float | None = _help("Clip the value prediction to old value +/- this (None: no clip).", None)
-    normalize_advantages: bool = _help("Normalize advantages to mean 0, std 1 in each minibatch.", True)
-    ent_coef: float = _help("Weight of the entropy bonus.", 0.0)
-    vf_coef: float = _help("Weight of the value loss.", 0.5)
-    max_grad_norm: float | None = _help("Clip the global gradient norm to this (None: no clip).", 0.5)
-    target_kl: float | None = _help("Stop the epochs early once approx KL > 1.5 x this (None: never).", None)
-    adam_eps: float = _help("Adam epsilon.", 1e-5)
+    learning_rate: float = option("Adam learning rate at the start of training.", 3e-4)
+    anneal_lr: bool = option("Anneal the learning rate linearly to 0 over training.", True)
+    n_epochs: int = option("Passes over each batch of experience.", 10)
+    minibatch_size: int = option("Samples per gradient step (env steps, or sequences for a language model).", 64)
+    gamma: float = option("Discount factor.", 0.99)
+    gae_lambda: float = option("GAE lambda: 0 is one-step TD, 1 is Monte-Carlo.", 0.95)
+    clip: bool = option("Clip the policy ratio; --no_clip gives the unclipped surrogate.", True)
+    clip_range: float = option("Policy ratio clip epsilon: r is kept in [1 - eps, 1 + eps].", 0.2)
+    anneal_clip: bool = option("Anneal clip_range linearly to 0 over training (rl-zoo style).", False)
+    clip_range_vf: float | None = option("Clip the value prediction to old value +/- this (None: no clip).", None)
+    normalize_advantages: bool = option("Normalize advantages to mean 0, std 1 in each minibatch.", True)
+    ent_coef: float = option("Weight of the entropy bonus.", 0.0)
+    vf_coef: float = option("Weight of the value loss.", 0.5)
+    max_grad_norm: float | None = option("Clip the global gradient norm to this (None: no clip).", 0.5)
+    target_kl: float | None = option("Stop the epochs early once approx KL > 1.5 x this (None: never).", None)
+    adam_eps: float = option("Adam epsilon.", 1e-5)
 
     def __post_init__(self) -> None:
         _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 3e-4")
