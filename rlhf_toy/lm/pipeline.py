@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +155,7 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
     rows = pairs_from_groups(groups, cfg, run.seed)
     # Held-out groups are plain SFT samples (no swapped replies): the accuracy reported is on what PPO meets.
     held = sample_groups(model, tok, task.eval_prompts[: cfg.n_eval_prompts], task.judge,
-                         PreferenceConfig(**{**asdict(cfg), "offtopic_fraction": 0.0}), run.seed + 1)
+                         replace(cfg, offtopic_fraction=0.0), run.seed + 1)
     ds = Dataset.from_dict(rows)
     check_preferences(ds, "the sampled preference set")
     with atomic_dir(run.path / "preferences") as tmp:
@@ -191,13 +191,8 @@ def load_preferences(run: RunConfig):
 def stage_reward(run: RunConfig, cfg: RewardConfig) -> dict[str, Any]:
     run.start()
     pairs = load_preferences(run)
-    _, tok = load_causal_lm(run.path / "sft", "SFT")
-    longest = max(len(p) for p in encode_prompts(tok, pairs["prompt"]))
-    from transformers import AutoConfig
-
-    n_positions = AutoConfig.from_pretrained(str(run.path / "sft")).n_positions
-    if longest + 2 > n_positions:
-        raise UserError(f"a preference prompt is {longest} tokens, too long for the context of {n_positions}")
+    sft, tok = load_causal_lm(run.path / "sft", "SFT")
+    check_fits(encode_prompts(tok, pairs["prompt"]), sft.config.n_positions, 2, "preference")
     rm = reward_model_from_sft(str(run.path / "sft"), tok)
     check_tokenizer_matches(tok, rm, "reward model")
     history = train_reward_model(rm, tok, pairs, cfg, run.seed, run.progress)

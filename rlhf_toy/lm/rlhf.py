@@ -134,7 +134,7 @@ class RLHFTrainer:
     """Holds the four roles (policy + value head, frozen reference, reward model) and runs PPO steps."""
 
     def __init__(self, sft_model, reward_model, tok, cfg: RLHFConfig, ppo: PPOConfig, prompts: list[str],
-                 seed: int, judge=None) -> None:
+                 seed: int, judge=None, ref_model=None) -> None:
         if cfg.batch_size > len(prompts):
             raise UserError(f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
                             "lower --batch_size or use more prompts")
@@ -145,7 +145,9 @@ class RLHFTrainer:
         self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
         seed = seed + rank_and_world()[0]  # data-parallel ranks draw different prompts and samples
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
-        self.ref_model = copy.deepcopy(sft_model).eval().requires_grad_(False)
+        # The frozen reference: the SFT model (a copy of the starting policy unless given, e.g. on resume).
+        ref_model = copy.deepcopy(sft_model) if ref_model is None else ref_model
+        self.ref_model = ref_model.eval().requires_grad_(False)
         if isinstance(reward_model, torch.nn.Module):
             reward_model = reward_model.eval().requires_grad_(False)
         self.reward_model = reward_model

@@ -82,8 +82,8 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
     model, tok = load_causal_lm(policy_dir, "policy")
     ref_model, _ = load_causal_lm(run.path / "sft", "reference")
     rm = load_reward_model(run.path / "reward_model", tok)
-    trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge)
-    trainer.ref_model = ref_model.eval().requires_grad_(False)  # the reference is always the SFT model
+    trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
+                          ref_model=ref_model)
     if state is not None:
         trainer.load_state(state)
     logger_rows = read_jsonl(out / "metrics.jsonl") if state is not None and (out / "metrics.jsonl").exists() else []
