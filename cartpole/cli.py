@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlhf_toy.cli import Command, dispatch
+from rlhf_toy.cli import Command, Group, dispatch
 from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
 
 from .agent import load_agent
 from .evaluate import evaluate
+from .lesson import TITLES, LessonConfig
+from .lesson import main as run_lesson
 from .train import CARTPOLE_PPO, TrainConfig, train
 
 
@@ -67,11 +69,22 @@ def _eval(cfg: EvalConfig) -> int:
     return 0
 
 
+def _lesson(name: str) -> Command:
+    def run(cfg: LessonConfig) -> int:
+        run_lesson(name, cfg)
+        return 0
+
+    return Command(f"{TITLES[name]} (over several seeds; writes {name}.md, .csv, .png).", (LessonConfig,), run)
+
+
 COMMANDS = {
     "train": Command("Train a PPO agent; prints one JSON summary line.", (TrainConfig, PPOConfig), _train,
                      defaults=CARTPOLE_PPO),
     "eval": Command("Evaluate a saved agent; prints mean and std return as JSON.", (EvalConfig,), _eval),
     "watch": Command("Render a trained and an untrained agent to animated GIFs.", (WatchConfig,), _watch),
+    "lesson": Group("The lesson's Build and Break exercises over several seeds.", {
+        "build": _lesson("build"), "break-baseline": _lesson("break_baseline"), "break-clip": _lesson("break_clip"),
+    }),
 }
 
 
@@ -79,5 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     return dispatch("cartpole", COMMANDS, argv)
 
 
-def console_main() -> None:
-    raise SystemExit(run_cli(main))
+def console_main(argv: list[str] | None = None) -> None:
+    """The `cartpole` command; `argv` (default: sys.argv[1:]) lets the scripts in scripts/ reuse it."""
+    raise SystemExit(run_cli(main, argv))

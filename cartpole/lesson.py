@@ -17,39 +17,78 @@ import io
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlhf_toy.errors import UserError
+from rlhf_toy.config import check, option
 from rlhf_toy.io import atomic_write_text
 from rlhf_toy.logging import plt_module, save_figure
+from rlhf_toy.ppo import PPOConfig
 
 from .plots import moving_average
+from .train import TrainConfig
 
-# The lesson's PPO (its Build answer) expressed as core settings: one env, 2048-step batches, 10 epochs of
-# 256-step minibatches, lr 3e-4 constant, gamma 0.99, lambda 0.95, value loss weight 0.5, no grad clipping.
-LESSON_PPO = dict(learning_rate=3e-4, anneal_lr=False, n_epochs=10, minibatch_size=256, gamma=0.99,
-                  gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=None)
+# The lesson's PPO (its Build answer, `ppo(iterations=40, steps=2048, epochs=10, clip=0.2, lr=3e-4)`), as one
+# complete PPOConfig; run with one env and 2048-step batches (`lesson_train_config`). Comments mark what
+# differs from PPOConfig's defaults. Nothing is annealed: the lesson's clip range and learning rate are constant.
+LESSON_PPO = PPOConfig(
+    learning_rate=3e-4,
+    anneal_lr=False,  # differs (True): the lesson's Adam runs at a constant lr
+    n_epochs=10,
+    minibatch_size=256,  # differs (64): `torch.randperm(steps).split(256)`
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip=True,
+    clip_range=0.2,
+    anneal_clip=False,
+    clip_range_vf=None,
+    normalize_advantages=True,  # the lesson normalizes over the whole batch, we per minibatch (README)
+    ent_coef=0.0,
+    vf_coef=0.5,
+    max_grad_norm=None,  # differs (0.5): the lesson does not clip gradients
+    target_kl=None,
+    adam_eps=1e-5,  # the lesson uses Adam's default 1e-8 (README lists the differences)
+)
+
+# The lesson's Break-the-clip run, `ppo(iterations=25, epochs=30, lr=3e-3, clip=...)`: deliberately large
+# updates. One complete PPOConfig; the experiment's other arm is this preset with `clip=False`, nothing else.
+LESSON_BREAK_CLIP_PPO = PPOConfig(
+    learning_rate=3e-3,  # differs (3e-4): 10x the lesson's lr, on purpose
+    anneal_lr=False,  # differs (True): constant, as in the lesson
+    n_epochs=30,  # differs (10): 30 epochs per batch, on purpose
+    minibatch_size=256,  # differs (64): as in the lesson
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip=True,  # the experiment compares this with clip=False
+    clip_range=0.2,
+    anneal_clip=False,
+    clip_range_vf=None,
+    normalize_advantages=True,
+    ent_coef=0.0,
+    vf_coef=0.5,
+    max_grad_norm=None,  # differs (0.5): the lesson does not clip gradients
+    target_kl=None,
+    adam_eps=1e-5,
+)
+LESSON_STEPS = 2048  # env steps per batch, one env: `ppo(steps=2048)`
 
 
 @dataclass
 class LessonConfig:
     """Settings shared by the lesson scripts."""
 
-    seeds: int = field(default=5, metadata={"help": "Number of seeds (0, 1, ..., seeds - 1)."})
-    out: str = field(default="runs/lesson", metadata={"help": "Directory for the table (.md, .csv) and plot."})
-    tiny: bool = field(default=False, metadata={"help": "A tiny budget (seconds), for smoke tests."})
-    workers: int = field(default=2, metadata={"help": "Runs in parallel (processes with one torch thread each)."})
+    seeds: int = option("Number of seeds (0, 1, ..., seeds - 1).", 5)
+    out: str = option("Directory for the table (.md, .csv) and plot.", "runs/lesson")
+    tiny: bool = option("A tiny budget (seconds), for smoke tests.", False)
+    workers: int = option("Runs in parallel (processes with one torch thread each).", 2)
 
     def __post_init__(self) -> None:
-        if self.seeds < 1:
-            raise UserError(f"seeds must be >= 1 (got {self.seeds}); pass --seeds 5")
-        if self.workers < 1:
-            raise UserError(f"workers must be >= 1 (got {self.workers}); pass --workers 2")
+        check(self.seeds >= 1, "seeds", self.seeds, ">= 1, e.g. 5")
+        check(self.workers >= 1, "workers", self.workers, ">= 1, e.g. 2")
 
 
 @dataclass
@@ -73,16 +112,18 @@ def run_reinforce(variant: str, seed: int, episodes: int, baseline: bool) -> Run
     return Run(variant, seed, log.returns, log.env_steps, log.wall_s)
 
 
-def run_ppo(variant: str, seed: int, iterations: int, overrides: dict[str, Any]) -> Run:
-    from .train import TrainConfig, cartpole_ppo_config, run_training
+def lesson_train_config(seed: int, iterations: int, out: str) -> TrainConfig:
+    """The lesson's PPO run layout: one env, 2048-step batches, `iterations` batches, no periodic evaluation."""
+    return TrainConfig(seed=seed, num_envs=1, n_steps=LESSON_STEPS, total_steps=iterations * LESSON_STEPS, out=out,
+                       eval_every=0, eval_episodes=1, progress=False, tensorboard=False, plot=False, threads=1)
+
+
+def run_ppo(variant: str, seed: int, iterations: int, ppo: PPOConfig) -> Run:
+    from .train import run_training
 
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        result = run_training(
-            TrainConfig(seed=seed, num_envs=1, n_steps=2048, total_steps=iterations * 2048, out=out, eval_every=0,
-                        eval_episodes=1, progress=False, tensorboard=False, plot=False, threads=1),
-            cartpole_ppo_config(**{**LESSON_PPO, **overrides}),
-        )
+        result = run_training(lesson_train_config(seed, iterations, out), ppo)
     return Run(variant, seed, result.episode_returns, result.episode_steps, time.perf_counter() - t0)
 
 
@@ -92,12 +133,11 @@ def experiment_jobs(name: str, seeds: int, tiny: bool) -> list[tuple[Any, tuple[
     ppo_iters, break_iters = (2, 2) if tiny else (40, 25)
     variants: dict[str, list[tuple[Any, tuple[Any, ...]]]] = {
         "build": [(run_reinforce, ("REINFORCE + baseline", episodes, True)),
-                  (run_ppo, ("PPO", ppo_iters, {}))],
+                  (run_ppo, ("PPO", ppo_iters, LESSON_PPO))],
         "break_baseline": [(run_reinforce, ("REINFORCE + baseline", episodes, True)),
                            (run_reinforce, ("REINFORCE, no baseline", episodes, False))],
-        "break_clip": [(run_ppo, ("PPO, clip 0.2", break_iters, {"learning_rate": 3e-3, "n_epochs": 30})),
-                       (run_ppo, ("PPO, no clip", break_iters, {"learning_rate": 3e-3, "n_epochs": 30,
-                                                               "clip": False}))],
+        "break_clip": [(run_ppo, ("PPO, clip 0.2", break_iters, LESSON_BREAK_CLIP_PPO)),
+                       (run_ppo, ("PPO, no clip", break_iters, replace(LESSON_BREAK_CLIP_PPO, clip=False)))],
     }
     return [(fn, (args[0], seed, *args[1:])) for seed in range(seeds) for fn, args in variants[name]]
 

@@ -7,13 +7,14 @@ into a `RolloutBatch` and call `ppo_update`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-from .errors import UserError
+from .config import check, option
 from .losses import clipped_policy_loss, explained_variance, value_loss
 from .masks import masked_mean, masked_whiten
 
@@ -44,14 +45,11 @@ class ActorCritic(Protocol):
         ...
 
 
-def option(text: str, default: Any) -> Any:
-    """A dataclass field with a help text (shown by `--help` of the CLIs built with HfArgumentParser)."""
-    return field(default=default, metadata={"help": text})
-
-
-@dataclass
+@dataclass(frozen=True)
 class PPOConfig:
-    """Hyperparameters of the PPO update and of GAE. Validated on construction."""
+    """Hyperparameters of the PPO update and of GAE. Validated on construction; frozen, so a preset (a module-
+    level instance such as `cartpole.train.CARTPOLE_PPO`) cannot be changed by accident: derive a variant with
+    `dataclasses.replace(preset, field=value)`."""
 
     learning_rate: float = option("Adam learning rate at the start of training.", 3e-4)
     anneal_lr: bool = option("Anneal the learning rate linearly to 0 over training.", True)
@@ -71,26 +69,21 @@ class PPOConfig:
     adam_eps: float = option("Adam epsilon.", 1e-5)
 
     def __post_init__(self) -> None:
-        _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 3e-4")
-        _check(self.n_epochs >= 1, "n_epochs", self.n_epochs, "an integer >= 1")
-        _check(self.minibatch_size >= 1, "minibatch_size", self.minibatch_size, "an integer >= 1")
-        _check(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1], e.g. 0.99")
-        _check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", self.gae_lambda, "in [0, 1], e.g. 0.95")
-        _check(self.clip_range > 0, "clip_range", self.clip_range, "> 0, e.g. 0.2 (use --no_clip to disable)")
-        _check(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0")
-        _check(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
-        _check(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
-        _check(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "> 0")
-        _check(self.target_kl is None or self.target_kl > 0, "target_kl", self.target_kl, "> 0, e.g. 0.02")
-        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0, e.g. 1e-5")
+        check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 3e-4")
+        check(self.n_epochs >= 1, "n_epochs", self.n_epochs, "an integer >= 1")
+        check(self.minibatch_size >= 1, "minibatch_size", self.minibatch_size, "an integer >= 1")
+        check(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1], e.g. 0.99")
+        check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", self.gae_lambda, "in [0, 1], e.g. 0.95")
+        check(self.clip_range > 0, "clip_range", self.clip_range, "> 0, e.g. 0.2 (use --no_clip to disable)")
+        check(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0")
+        check(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
+        check(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        check(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "> 0")
+        check(self.target_kl is None or self.target_kl > 0, "target_kl", self.target_kl, "> 0, e.g. 0.02")
+        check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0, e.g. 1e-5")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _check(ok: bool, name: str, value: Any, wanted: str) -> None:
-    if not ok:
-        raise UserError(f"{name} must be {wanted} (got {value!r}); pass --{name} with a valid value")
 
 
 def index_observations(observations: Any, idx: Tensor) -> Any:
@@ -125,16 +118,22 @@ def ppo_update(
     *,
     progress: float = 0.0,
     generator: torch.Generator | None = None,
+    lr_scales: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """Run `cfg.n_epochs` epochs of shuffled minibatches of PPO on `batch`. Returns mean diagnostics.
 
     `policy` implements `ActorCritic`; `progress` in [0, 1] drives learning-rate and clip annealing;
-    `generator` makes the shuffling reproducible. Each minibatch: normalize advantages (if enabled, over
+    `generator` makes the shuffling reproducible; `lr_scales` gives each optimizer param group its learning rate
+    as a multiple of the scheduled one (default: 1 for every group; e.g. a freshly initialised value head may
+    learn faster than a pretrained language model). Each minibatch: normalize advantages (if enabled, over
     its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
     """
     lr, clip_range = current_schedule(cfg, progress)
-    for group in optimizer.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)  # a group may run at a multiple (e.g. a fresh value head)
+    scales = [1.0] * len(optimizer.param_groups) if lr_scales is None else list(lr_scales)
+    if len(scales) != len(optimizer.param_groups):
+        raise ValueError(f"lr_scales has {len(scales)} values for {len(optimizer.param_groups)} param groups")
+    for group, scale in zip(optimizer.param_groups, scales):
+        group["lr"] = lr * scale
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     n = batch.actions.shape[0]

@@ -8,11 +8,8 @@ alternated seed by seed. Needs the bench extra for SB3: pip install -e '.[bench]
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from cartpole.bench import compare  # noqa: E402
+from cartpole.bench import compare
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

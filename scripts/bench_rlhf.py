@@ -12,9 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rlhf_toy.lm.bench import ours_in_subprocess, trl  # noqa: E402
+from rlhf_toy.lm.bench import ours_in_subprocess, trl
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,15 +1,9 @@
 #!/usr/bin/env python
-"""The lesson's exercise 'break_clip' over several seeds: see cartpole/lesson.py. Example:
-
-    python scripts/lesson_break_clip.py --seeds 5 --out runs/lesson
-"""
+"""The lesson's 'break-clip' exercise over several seeds: `cartpole lesson break-clip` (flags: --help)."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from cartpole.lesson_cli import script_main  # noqa: E402
+from cartpole.cli import console_main
 
 if __name__ == "__main__":
-    script_main("break_clip")
+    console_main(["lesson", "break-clip", *sys.argv[1:]])

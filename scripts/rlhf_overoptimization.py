@@ -6,12 +6,9 @@ and gold score against sqrt(KL). Needs stages 1-4 in --run_dir (e.g. `python -m 
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rlhf_toy.errors import run_cli  # noqa: E402
-from rlhf_toy.lm.cli import main  # noqa: E402
+from rlhf_toy.errors import run_cli
+from rlhf_toy.lm.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(run_cli(main, ["overopt", *sys.argv[1:]]))

@@ -2,19 +2,36 @@
 
 import pytest
 import torch
+from torch import nn
 
-from cartpole.agent import MLPActorCritic
 from rlhf_toy import PPOConfig, RolloutBatch, UserError, make_optimizer, ppo_update
 from rlhf_toy.losses import clipped_policy_loss, value_loss
+
+
+class TinyActorCritic(nn.Module):
+    """The smallest `ActorCritic`: linear actor and critic over a flat observation (the core's tests stay free of
+    gymnasium and of the cartpole client)."""
+
+    def __init__(self, obs_dim: int, n_actions: int) -> None:
+        super().__init__()
+        self.actor, self.critic = nn.Linear(obs_dim, n_actions), nn.Linear(obs_dim, 1)
+        nn.init.zeros_(self.actor.weight)  # start uniform, as PPO's small-gain policy head does
+        nn.init.zeros_(self.actor.bias)
+
+    def evaluate(self, obs, actions):
+        log_pi = torch.log_softmax(self.actor(obs), -1)
+        entropy = -(log_pi.exp() * log_pi).sum(-1)
+        return log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy, self.critic(obs).squeeze(-1)
 
 
 def fixed_batch(seed=0, B=512):
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    agent = MLPActorCritic(4, 3)
+    agent = TinyActorCritic(4, 3)
     obs = torch.randn(B, 4, generator=g)
     with torch.no_grad():
-        actions, logprobs, values = agent.act(obs, g)
+        actions = torch.multinomial(torch.softmax(agent.actor(obs), -1), 1, generator=g).squeeze(-1)
+        logprobs, _, values = agent.evaluate(obs, actions)
     # Action 0 is better than the others: a policy can learn that, so the surrogate can really improve.
     advantages = (actions == 0).double().float() * 2 - 1 + 0.5 * torch.randn(B, generator=g)
     returns = values + torch.randn(B, generator=g)
@@ -31,7 +48,7 @@ def losses(agent, batch):
 
 def test_update_lowers_policy_and_value_loss_on_a_fixed_batch():
     agent, batch = fixed_batch()
-    cfg = PPOConfig(learning_rate=1e-3, n_epochs=10, minibatch_size=128, anneal_lr=False)
+    cfg = PPOConfig(learning_rate=1e-2, n_epochs=10, minibatch_size=128, anneal_lr=False)
     pg0, v0 = losses(agent, batch)
     opt = make_optimizer(agent.parameters(), cfg)
     stats = ppo_update(agent, opt, batch, cfg, generator=torch.Generator().manual_seed(0))
@@ -83,6 +100,29 @@ def test_same_seed_same_result():
     assert results[0][0] == results[1][0]
     for a, b in zip(results[0][1], results[1][1]):
         assert torch.equal(a, b)
+
+
+def test_lr_scales_set_each_groups_learning_rate():
+    agent, batch = fixed_batch()
+    cfg = PPOConfig(learning_rate=1e-3, anneal_lr=False, n_epochs=1)
+    opt = make_optimizer([{"params": agent.actor.parameters()}, {"params": agent.critic.parameters()}], cfg)
+    ppo_update(agent, opt, batch, cfg, lr_scales=(1.0, 10.0))
+    assert [g["lr"] for g in opt.param_groups] == [1e-3, pytest.approx(1e-2)]
+    with pytest.raises(ValueError, match="2 param groups"):
+        ppo_update(agent, opt, batch, cfg, lr_scales=(1.0,))
+
+
+def test_core_tests_do_not_import_the_cartpole_client():
+    import ast
+    from pathlib import Path
+
+    for name in ("test_ppo.py", "test_advantages.py", "test_losses.py", "test_masks.py"):
+        path = Path(__file__).with_name(name)
+        if path.exists():
+            imported = {a.name.split(".")[0] for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import)
+                        for a in n.names} | {n.module.split(".")[0] for n in ast.walk(ast.parse(path.read_text()))
+                                             if isinstance(n, ast.ImportFrom) and n.module}
+            assert not imported & {"cartpole", "gymnasium"}, name
 
 
 @pytest.mark.parametrize("field,value", [

@@ -51,7 +51,7 @@ def _all(run: RunConfig) -> int:
     _print(stage_sft(run, ModelConfig(), SFTConfig()))
     _print(stage_preferences(run, PreferenceConfig()))
     _print(stage_reward(run, RewardConfig()))
-    _print(stage_ppo(run, RLHFConfig(), PPOConfig(**LM_PPO), ResumeConfig()))
+    _print(stage_ppo(run, RLHFConfig(), LM_PPO, ResumeConfig()))
     stage_evaluate(run, EvalConfig())
     print(json.dumps({"stage": "all", "wall_s": time.perf_counter() - t0}))
     return 0

@@ -19,7 +19,6 @@ import numpy as np
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json, atomic_write_text
 from rlhf_toy.logging import plt_module, read_jsonl, save_figure
-from rlhf_toy.ppo import PPOConfig
 
 from .evaluate import evaluate_best_of_n
 from .pipeline import RunConfig, load_causal_lm
@@ -60,7 +59,7 @@ def run_overoptimization(run: RunConfig, cfg: OveroptConfig) -> dict[str, Any]:
     samples: dict[str, list[str]] = {}
     for beta in betas:
         out = run.path / f"overopt_beta{beta:g}"
-        stage_ppo(run, RLHFConfig(steps=cfg.steps, kl_coef=beta, save_every=0), PPOConfig(**LM_PPO),
+        stage_ppo(run, RLHFConfig(steps=cfg.steps, kl_coef=beta, save_every=0), LM_PPO,
                   ResumeConfig(ppo_dir=str(out)))
         rows = read_jsonl(out / "metrics.jsonl")
         curves[f"beta={beta:g}"] = [{k: r.get(k) for k in ("step", "kl", "score", "gold")} for r in rows]

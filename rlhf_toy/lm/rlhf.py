@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,14 +29,31 @@ from .policy import PolicyWithValueHead
 from .reward import score_token_ids
 from .sampling import Samples, sample
 
-# PPO settings for language models (TRL-like): gamma 1, lambda 0.95, 4 epochs, clipped value loss.
-LM_PPO = dict(learning_rate=2e-5, anneal_lr=False, n_epochs=4, minibatch_size=16, gamma=1.0, gae_lambda=0.95,
-              clip_range=0.2, clip_range_vf=0.2, vf_coef=0.1, ent_coef=0.0, max_grad_norm=1.0,
-              normalize_advantages=True)
+# The PPO preset for language models, one complete PPOConfig (TRL-like). Comments mark what differs from
+# PPOConfig's defaults.
+LM_PPO = PPOConfig(
+    learning_rate=2e-5,  # differs (3e-4): fine-tuning a pretrained (SFT) model takes small steps
+    anneal_lr=False,  # differs (True): constant, as TRL
+    n_epochs=4,  # differs (10): TRL's 4 PPO epochs per batch
+    minibatch_size=16,  # differs (64): 16 sequences per gradient step, 4 per 64-prompt batch
+    gamma=1.0,  # differs (0.99): no discount within a reply of a few dozen tokens
+    gae_lambda=0.95,
+    clip=True,
+    clip_range=0.2,
+    anneal_clip=False,
+    clip_range_vf=0.2,  # differs (None): TRL clips the value prediction too
+    normalize_advantages=True,
+    ent_coef=0.0,
+    vf_coef=0.1,  # differs (0.5): TRL's weight of the value loss
+    max_grad_norm=1.0,  # differs (0.5): TRL's gradient-norm clip
+    target_kl=None,
+    adam_eps=1e-5,
+)
 
 
 def lm_ppo_config(**overrides: Any) -> PPOConfig:
-    return PPOConfig(**{**LM_PPO, **overrides})
+    """`LM_PPO` with the given fields changed (`dataclasses.replace`)."""
+    return replace(LM_PPO, **overrides)
 
 
 @dataclass

@@ -1,0 +1,42 @@
+"""The two helpers every config dataclass uses: `option` (a field with its help text) and `check` (validation).
+
+A config documents each field once (the help text becomes the `--flag`'s help through HfArgumentParser) and
+validates itself once, in `__post_init__`, with `check`: a bad value fails at construction, before any work,
+as one `UserError` that names the field, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+from .errors import UserError
+
+
+def option(text: str, default: Any = None, **kwargs: Any) -> Any:
+    """A dataclass field with a help text (shown by `--help` of the CLIs built with HfArgumentParser).
+
+    Pass `default=dataclasses.MISSING` for a required flag; extra keyword arguments go to `dataclasses.field`.
+    """
+    return field(default=default, metadata={"help": text}, **kwargs)
+
+
+def derived() -> Any:
+    """A field computed in `__post_init__` from the others (not a flag, not a constructor argument)."""
+    return field(init=False, repr=False, compare=False)
+
+
+def check(ok: bool, name: str, value: Any, wanted: str) -> None:
+    """Raise `UserError("{name} must be {wanted} (got {value}); pass --{name} ...")` unless `ok`."""
+    if not ok:
+        raise UserError(f"{name} must be {wanted} (got {value!r}); pass --{name} with a valid value")
+
+
+def parse_list(name: str, text: str, kind: type, wanted: str) -> list[Any]:
+    """Parse a comma-separated flag (`"4,16,64"`) into values of `kind`; a bad item is a `UserError`."""
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = None
+    check(bool(values), name, text, f"comma-separated {wanted}")
+    return values  # type: ignore[return-value]
