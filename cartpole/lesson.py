@@ -26,10 +26,9 @@ import numpy as np
 
 from rlhf_toy.config import check, option
 from rlhf_toy.io import atomic_write_text
-from rlhf_toy.logging import plt_module, save_figure
+from rlhf_toy.logging import markdown_table, moving_average, plt_module, save_figure
 from rlhf_toy.ppo import PPOConfig
 
-from .plots import moving_average
 from .train import TrainConfig
 
 # The lesson's PPO (its Build answer, `ppo(iterations=40, steps=2048, epochs=10, clip=0.2, lr=3e-4)`), as one
@@ -175,18 +174,14 @@ def summarize(runs: list[Run]) -> list[dict[str, Any]]:
     return rows
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
+def lesson_table(rows: list[dict[str, Any]]) -> str:
+    """The experiment's markdown table: each metric as mean +/- std across seeds, then the per-seed last-20."""
     head = ["variant", "seeds", "mean of last 20", "mean of last 50", "noise: std of last 50", "best", "episodes",
             "env steps", "wall s", "last-20 mean per seed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in rows:
-        cells = [r["variant"], str(r["seeds"])]
-        for c in COLUMNS:
-            digits = 1 if c == "wall_s" else 0
-            cells.append(f"{r[c + '_mean']:.{digits}f} ± {r[c + '_std']:.{digits}f}")
-        cells.append(r["per_seed_last20"])
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    digits = {c: 1 if c == "wall_s" else 0 for c in COLUMNS}
+    return markdown_table(head, [[r["variant"], r["seeds"],
+                                  *(f"{r[c + '_mean']:.{digits[c]}f} ± {r[c + '_std']:.{digits[c]}f}" for c in COLUMNS),
+                                  r["per_seed_last20"]] for r in rows])
 
 
 def csv_text(rows: list[dict[str, Any]]) -> str:
@@ -227,7 +222,7 @@ def main(name: str, cfg: LessonConfig) -> str:
     t0 = time.perf_counter()
     runs = run_experiment(name, cfg)
     rows = summarize(runs)
-    table = markdown_table(rows)
+    table = lesson_table(rows)
     out = Path(cfg.out)
     atomic_write_text(out / f"{name}.md", f"## {TITLES[name]}\n\n{table}")
     atomic_write_text(out / f"{name}.csv", csv_text(rows))

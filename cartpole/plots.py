@@ -5,20 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import numpy as np
-
-from rlhf_toy.logging import plt_module, save_figure
-
-
-def moving_average(x: Sequence[float], window: int) -> np.ndarray:
-    """Trailing mean over up to `window` points: `[n] -> [n]`."""
-    x = np.asarray(x, dtype=float)
-    if len(x) == 0:
-        return x
-    c = np.cumsum(np.insert(x, 0, 0.0))
-    idx = np.arange(1, len(x) + 1)
-    lo = np.maximum(0, idx - window)
-    return (c[idx] - c[lo]) / (idx - lo)
+from rlhf_toy.logging import moving_average, plt_module, save_figure
 
 
 def plot_learning_curve(returns: Sequence[float], threshold: float | None, path: str | os.PathLike[str],

@@ -1,12 +1,15 @@
-"""Metric logging: JSONL always, TensorBoard when it is installed, and a PNG of the learning curve."""
+"""Reporting: metric logs (JSONL always, TensorBoard when installed), figures, curve smoothing, markdown tables."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .io import atomic_write
 
@@ -73,3 +76,21 @@ def plt_module() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def moving_average(x: Sequence[float], window: int) -> np.ndarray:
+    """Trailing mean over up to `window` points (fewer at the start): `[n] -> [n]`."""
+    x = np.asarray(x, dtype=float)
+    if len(x) == 0:
+        return x
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, idx - window)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table: one header row, a separator, one row per item (cells as given, via str)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

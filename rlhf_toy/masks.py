@@ -43,3 +43,13 @@ def masked_whiten(x: Tensor, mask: Tensor | None = None, shift_mean: bool = True
     if mask is not None:
         out = out * mask.to(x.dtype)
     return out
+
+
+def last_real_index(mask: Tensor) -> Tensor:
+    """`[B, L]` mask -> `[B]` index of the last real entry of each row, for left or right padding alike.
+
+    The score of a sequence is read there (a reward model's last token), and the episode of a response ends
+    there (GAE's terminal step, the reward's position). A row with no real entry gives L - 1.
+    """
+    L = mask.shape[1]
+    return L - 1 - mask.long().flip(1).argmax(1)

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from rlhf_toy.lm.bench import ours_in_subprocess, trl
+from rlhf_toy.lm.pipeline.bench import ours_in_subprocess, trl
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

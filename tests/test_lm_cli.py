@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_toy.errors import run_cli
-from rlhf_toy.lm.cli import main
+from rlhf_toy.lm.pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -123,7 +123,7 @@ def test_bad_judges(judge, message, run_dir, tmp_path, capsys):
 
 
 def test_custom_judges_and_data(tmp_path):
-    from rlhf_toy.lm.tasks import get_task
+    from rlhf_toy.lm.data.tasks import get_task
 
     rows = [{"prompt": f"q{i}", "chosen": f"a{i} q{i}", "rejected": "x"} for i in range(20)]
     data = write_jsonl(tmp_path / "trl.jsonl", rows)
@@ -152,8 +152,9 @@ def test_ppo_evaluate_and_resume(run_dir, tmp_path):
     AutoModelForCausalLM.from_pretrained(out / "ppo" / "policy")  # plain HF loading
     rows = [json.loads(x) for x in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("score", "gold", "kl", "beta", "entropy", "ppo/clip_fraction", "ppo/approx_kl", "ppo/value_loss",
-                "ppo/explained_variance", "response_length", "eos_rate"):
+    for key in ("objective/score", "objective/gold", "objective/kl", "objective/beta", "policy/entropy",
+                "ppo/clip_fraction", "ppo/approx_kl", "ppo/value_loss", "ppo/explained_variance",
+                "policy/response_length", "policy/eos_rate", "time/step_s"):
         assert key in rows[0]
     assert (out / "ppo" / "curves.png").stat().st_size > 5000
     # Resume from the step-2 checkpoint for one more step.
@@ -170,7 +171,7 @@ def test_ppo_evaluate_and_resume(run_dir, tmp_path):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--kl_coef", "-0.1"], "kl_coef (beta) must be >= 0"),
+    (["--kl_coef", "-0.1"], "kl_coef must be >= 0"),
     (["--kl_target", "-1"], "kl_target must be > 0"),
     (["--batch_size", "100000"], "larger than the prompt set"),
     (["--resume"], "nothing to resume"),

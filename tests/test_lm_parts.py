@@ -6,19 +6,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlhf_toy.lm.chat import EOS, PAD, prompt_text, train_tokenizer
-from rlhf_toy.lm.model import ModelConfig, encode_prompts, left_pad, new_causal_lm, position_ids, right_pad
-from rlhf_toy.lm.reward import (
-    RewardConfig,
-    bradley_terry_loss,
-    pairwise_accuracy,
-    raw_scores,
-    score_texts,
-    set_normalization,
-    train_reward_model,
-)
-from rlhf_toy.lm.sft import SFTConfig, encode_pairs, train_sft
-from rlhf_toy.lm.tasks import helpdesk_task
+from rlhf_toy.lm.algorithms.reward import RewardConfig, bradley_terry_loss, pairwise_accuracy, train_reward_model
+from rlhf_toy.lm.algorithms.sft import SFTConfig, encode_pairs, train_sft
+from rlhf_toy.lm.data.tasks import helpdesk_task
+from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, position_ids
+from rlhf_toy.lm.models.chat import EOS, PAD, encode_prompts, pad_sequences, prompt_text, train_tokenizer
+from rlhf_toy.lm.models.reward_model import raw_scores, score_texts, set_normalization
 
 TINY = ModelConfig(n_layer=2, n_embd=32, n_head=2, n_positions=64)
 
@@ -58,7 +51,7 @@ def test_tokenizer_round_trip_and_distinct_pad_eos(tok, tmp_path):
 def test_left_padding_with_position_ids_matches_unpadded(tok):
     model = new_causal_lm(tok, TINY)
     prompts = ["My printer won't start.", "Hi, my old television in the office keeps restarting."]
-    ids, mask = left_pad(encode_prompts(tok, prompts), tok.pad_token_id)
+    ids, mask = pad_sequences(encode_prompts(tok, prompts), tok.pad_token_id, "left")
     with torch.no_grad():
         padded = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[0, -1]
         alone = model(input_ids=torch.tensor([encode_prompts(tok, prompts[:1])[0]])).logits[0, -1]
@@ -80,8 +73,8 @@ def test_score_is_read_at_the_last_real_token_with_padding_on_either_side(tok):
     with torch.no_grad():
         alone = torch.stack([raw_scores(rm, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0]
                              for s in seqs])
-        left = raw_scores(rm, *left_pad(seqs, tok.pad_token_id))
-        right = raw_scores(rm, *right_pad(seqs, tok.pad_token_id))
+        left = raw_scores(rm, *pad_sequences(seqs, tok.pad_token_id, "left"))
+        right = raw_scores(rm, *pad_sequences(seqs, tok.pad_token_id, "right"))
     torch.testing.assert_close(left, alone, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(right, alone, atol=1e-4, rtol=1e-4)
 

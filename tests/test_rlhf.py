@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from rlhf_toy.errors import UserError
-from rlhf_toy.lm.chat import train_tokenizer
-from rlhf_toy.lm.kl import AdaptiveKLController, MovingAverage, per_token_kl, shaped_rewards
-from rlhf_toy.lm.model import ModelConfig, encode_prompts, left_pad, new_causal_lm, response_logprobs
-from rlhf_toy.lm.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config, make_experience
-from rlhf_toy.lm.sft import SFTConfig, encode_pairs, train_sft
-from rlhf_toy.lm.tasks import helpdesk_task
+from rlhf_toy.lm.algorithms.kl import AdaptiveKLController, MovingAverage, per_token_kl, shaped_rewards
+from rlhf_toy.lm.algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config, make_experience
+from rlhf_toy.lm.algorithms.sft import SFTConfig, encode_pairs, train_sft
+from rlhf_toy.lm.data.tasks import helpdesk_task
+from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, response_logprobs
+from rlhf_toy.lm.models.chat import encode_prompts, pad_sequences, train_tokenizer
 
 TINY = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=64)
 
@@ -65,8 +65,8 @@ def test_adaptive_controller_moves_beta_toward_its_target():
 
 def test_recomputed_logprobs_equal_generation_scores(sft):
     _, tok, model = sft
-    ids, mask = left_pad(encode_prompts(tok, ["My printer won't start.", "Hi, my old lamp at home runs hot."]),
-                         tok.pad_token_id)
+    ids, mask = pad_sequences(encode_prompts(tok, ["My printer won't start.", "Hi, my old lamp at home runs hot."]),
+                             tok.pad_token_id, "left")
     torch.manual_seed(0)
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_k=0, top_p=1.0,
                          max_new_tokens=10, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -94,10 +94,10 @@ def test_padding_is_masked_in_rewards_values_and_advantages(sft):
 def test_ppo_raises_a_rule_reward_while_kl_stays_finite(sft):
     t = trainer(sft)
     scores = [t.step() for _ in range(30)]
-    first = sum(m["score"] for m in scores[:5]) / 5
-    last = sum(m["score"] for m in scores[-5:]) / 5
+    first = sum(m["objective/score"] for m in scores[:5]) / 5
+    last = sum(m["objective/score"] for m in scores[-5:]) / 5
     assert last > first + 0.3, (first, last)
-    assert all(abs(m["kl"]) < 100 for m in scores) and scores[-1]["kl"] > 0
+    assert all(abs(m["objective/kl"]) < 100 for m in scores) and scores[-1]["objective/kl"] > 0
 
 
 def test_resume_gives_the_same_next_step(sft, tmp_path):

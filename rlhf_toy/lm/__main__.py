@@ -1,3 +1,3 @@
-from .cli import console_main
+from .pipeline.cli import console_main
 
 console_main()

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from rlhf_toy.losses import kl_k1, kl_k3
+from rlhf_toy.masks import last_real_index
 
 
 def per_token_kl(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k1") -> Tensor:
@@ -21,11 +22,6 @@ def per_token_kl(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k1") -> Te
     if kind == "k3":
         return kl_k3(logprobs, ref_logprobs)
     raise ValueError(f"kl estimator must be 'k1' or 'k3', not {kind!r}")
-
-
-def last_real_index(mask: Tensor) -> Tensor:
-    """`[B, R]` response mask (ones then zeros) -> index of the last real token `[B]`."""
-    return (mask.long().sum(1) - 1).clamp(min=0)
 
 
 def shaped_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:

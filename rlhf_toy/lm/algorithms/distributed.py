@@ -1,7 +1,8 @@
-"""Hooks for running the RLHF trainer data-parallel under `torchrun` later (not built yet).
+"""Rank, world size and metric averaging, called by the RLHF trainer at every step.
 
-Each rank seeds itself with `seed + rank` and draws its own prompts; metrics are averaged across ranks
-(a no-op in one process), so logs mean the same thing at any world size.
+In one process they are no-ops (rank 0 of 1). Under an initialised `torch.distributed` process group, each
+rank seeds itself with `seed + rank` and draws its own prompts, and metrics are averaged across ranks, so logs
+mean the same thing at any world size. (Gradient averaging across ranks is not built yet.)
 """
 
 from __future__ import annotations

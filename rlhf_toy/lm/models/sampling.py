@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .model import encode_prompts, left_pad
+from .chat import encode_prompts, pad_sequences, widen
 
 
 @dataclass
@@ -49,7 +49,7 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
     try:
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start: start + batch_size]
-            ids, mask = left_pad(encode_prompts(tok, chunk), tok.pad_token_id)
+            ids, mask = pad_sequences(encode_prompts(tok, chunk), tok.pad_token_id, "left")
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
                                  top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
                                  eos_token_id=tok.eos_token_id if stop_at_eos else None)
@@ -59,9 +59,9 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
     P = max(c[0].shape[1] for c in chunks)
     R = max(c[2].shape[1] for c in chunks)
     pad = tok.pad_token_id
-    prompt_ids = torch.cat([torch.nn.functional.pad(c[0], (P - c[0].shape[1], 0), value=pad) for c in chunks])
-    prompt_mask = torch.cat([torch.nn.functional.pad(c[1], (P - c[1].shape[1], 0), value=0) for c in chunks])
-    response_ids = torch.cat([torch.nn.functional.pad(c[2], (0, R - c[2].shape[1]), value=pad) for c in chunks])
+    prompt_ids = torch.cat([widen(c[0], P, pad, "left") for c in chunks])
+    prompt_mask = torch.cat([widen(c[1], P, 0, "left") for c in chunks])
+    response_ids = torch.cat([widen(c[2], R, pad, "right") for c in chunks])
     if stop_at_eos:
         response_mask, eos = response_mask_after_eos(response_ids, tok.eos_token_id)
     else:

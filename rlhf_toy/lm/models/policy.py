@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .model import response_logprobs
+from .causal_lm import response_logprobs
 
 
 class PolicyWithValueHead(nn.Module):

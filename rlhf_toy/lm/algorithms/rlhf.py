@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -18,16 +18,18 @@ import torch
 from torch import Tensor
 
 from rlhf_toy.advantages import gae
+from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError
-from rlhf_toy.masks import masked_mean, masked_whiten
-from rlhf_toy.ppo import PPOConfig, RolloutBatch, ppo_update
+from rlhf_toy.masks import last_real_index, masked_mean, masked_whiten
+from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
 
+from ..models.causal_lm import response_logprobs
+from ..models.chat import encode_prompts
+from ..models.policy import PolicyWithValueHead
+from ..models.reward_model import score_token_ids
+from ..models.sampling import Samples, sample
 from .distributed import mean_across_ranks, rank_and_world
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
-from .model import encode_prompts, response_logprobs
-from .policy import PolicyWithValueHead
-from .reward import score_token_ids
-from .sampling import Samples, sample
 
 # The PPO preset for language models, one complete PPOConfig (TRL-like). Comments mark what differs from
 # PPOConfig's defaults.
@@ -60,41 +62,35 @@ def lm_ppo_config(**overrides: Any) -> PPOConfig:
 class RLHFConfig:
     """The RLHF loop around the PPO update."""
 
-    steps: int = field(default=200, metadata={"help": "PPO steps (one batch of prompts each)."})
-    batch_size: int = field(default=64, metadata={"help": "Prompts (episodes) per step."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also used for log-probs)."})
-    max_new_tokens: int = field(default=32, metadata={"help": "Longest response."})
-    kl_coef: float = field(default=0.1, metadata={"help": "beta: weight of the per-token KL penalty."})
-    adaptive_kl: bool = field(default=False, metadata={"help": "Adapt beta toward kl_target (Ziegler et al.)."})
-    kl_target: float = field(default=6.0, metadata={"help": "KL target in nats for the adaptive controller."})
-    kl_horizon: int = field(default=10_000, metadata={"help": "Horizon (episodes) of the adaptive controller."})
-    kl_estimator: str = field(default="k1", metadata={"help": "Per-token KL estimator: k1 or k3."})
-    kl_limit: float | None = field(default=None, metadata={
-        "help": "Stop when the moving-average KL exceeds this, keeping the last policy under it (None: never)."})
-    kl_limit_window: int = field(default=5, metadata={"help": "Steps in the KL moving average."})
-    missing_eos_penalty: float | None = field(default=None, metadata={
-        "help": "Subtract this from the score of a response that never emitted EOS (None: no penalty)."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards (scale only)."})
-    value_lr_scale: float = field(default=50.0, metadata={"help": "Value head learning rate / policy's."})
-    stop_at_eos: bool = field(default=True, metadata={"help": "Stop generation at EOS (off: fixed length)."})
-    save_every: int = field(default=25, metadata={"help": "Checkpoint every this many steps (0: only at the end)."})
+    steps: int = option("PPO steps (one batch of prompts each).", 200)
+    batch_size: int = option("Prompts (episodes) per step.", 64)
+    temperature: float = option("Sampling temperature (also used for log-probs).", 1.0)
+    max_new_tokens: int = option("Longest response.", 32)
+    kl_coef: float = option("beta: weight of the per-token KL penalty.", 0.1)
+    adaptive_kl: bool = option("Adapt beta toward kl_target (Ziegler et al.).", False)
+    kl_target: float = option("KL target in nats for the adaptive controller.", 6.0)
+    kl_horizon: int = option("Horizon (episodes) of the adaptive controller.", 10_000)
+    kl_estimator: str = option("Per-token KL estimator: k1 or k3.", "k1")
+    kl_limit: float | None = option(
+        "Stop when the moving-average KL exceeds this, keeping the last policy under it (None: never).", None)
+    kl_limit_window: int = option("Steps in the KL moving average.", 5)
+    missing_eos_penalty: float | None = option(
+        "Subtract this from the score of a response that never emitted EOS (None: no penalty).", None)
+    whiten_rewards: bool = option("Whiten per-token rewards (scale only).", False)
+    value_lr_scale: float = option("Value head learning rate / policy's.", 50.0)
+    stop_at_eos: bool = option("Stop generation at EOS (off: fixed length).", True)
+    save_every: int = option("Checkpoint every this many steps (0: only at the end).", 25)
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.steps >= 1, "steps must be >= 1"), (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.temperature > 0, "temperature must be > 0"),
-            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
-            (self.kl_coef >= 0, f"kl_coef (beta) must be >= 0 (got {self.kl_coef})"),
-            (self.kl_target > 0, f"kl_target must be > 0 (got {self.kl_target})"),
-            (self.kl_horizon >= 1, "kl_horizon must be >= 1"),
-            (self.kl_estimator in ("k1", "k3"), f"kl_estimator must be k1 or k3 (got {self.kl_estimator!r})"),
-            (self.kl_limit is None or self.kl_limit > 0, f"kl_limit must be > 0 (got {self.kl_limit})"),
-            (self.kl_limit_window >= 1, "kl_limit_window must be >= 1"),
-            (self.value_lr_scale > 0, "value_lr_scale must be > 0"), (self.save_every >= 0, "save_every must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UserError(f"{message}; pass a valid value")
+        for name in ("steps", "batch_size", "max_new_tokens", "kl_horizon", "kl_limit_window"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
+        check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
+        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0 (it is beta, the weight of the KL penalty)")
+        check(self.kl_target > 0, "kl_target", self.kl_target, "> 0 nats, e.g. 6")
+        check(self.kl_estimator in ("k1", "k3"), "kl_estimator", self.kl_estimator, "k1 or k3")
+        check(self.kl_limit is None or self.kl_limit > 0, "kl_limit", self.kl_limit, "> 0 nats (or None)")
+        check(self.value_lr_scale > 0, "value_lr_scale", self.value_lr_scale, "> 0, e.g. 50")
+        check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")
 
 
 @dataclass
@@ -140,7 +136,7 @@ def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, p
         values = values * mask
         next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], 1)
         terminated = torch.zeros_like(mask, dtype=torch.bool)
-        terminated[torch.arange(mask.shape[0]), (mask.sum(1) - 1).clamp(min=0).long()] = True
+        terminated[torch.arange(mask.shape[0]), last_real_index(mask)] = True
         adv, ret = gae(rewards.T, values.T, next_values.T, terminated.T, gamma=ppo.gamma, lam=ppo.gae_lambda,
                        mask=mask.T)
     batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv.T, ret.T, mask)
@@ -169,10 +165,10 @@ class RLHFTrainer:
             reward_model = reward_model.eval().requires_grad_(False)
         self.reward_model = reward_model
         self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature)  # eval(): dropout stays off
-        self.optimizer = torch.optim.Adam(
-            [{"params": list(self.policy.lm.parameters()), "lr_scale": 1.0},
-             {"params": list(self.policy.value_head.parameters()), "lr_scale": cfg.value_lr_scale}],
-            lr=ppo.learning_rate, eps=ppo.adam_eps)
+        # Two param groups: the language model, and the fresh value head at `value_lr_scale` times its lr.
+        self.optimizer = make_optimizer([{"params": list(self.policy.lm.parameters())},
+                                         {"params": list(self.policy.value_head.parameters())}], ppo)
+        self.lr_scales = (1.0, cfg.value_lr_scale)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
                        else FixedKLController(cfg.kl_coef))
         self.kl_average = MovingAverage(cfg.kl_limit_window)
@@ -195,25 +191,28 @@ class RLHFTrainer:
         t_rollout = time.perf_counter() - t0
         before = copy.deepcopy(self.policy.state_dict()) if self.cfg.kl_limit is not None else None
         stats = ppo_update(self.policy, self.optimizer, exp.batch, self.ppo,
-                           progress=self.step_count / max(1, self.cfg.steps), generator=self.update_generator)
+                           progress=self.step_count / max(1, self.cfg.steps), generator=self.update_generator,
+                           lr_scales=self.lr_scales)
         self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
         mask = exp.batch.mask
         seq_kl = exp.kl.sum(1)
         self.step_count += 1
+        # Namespaced as CleanRL's and TRL's logs: objective/ (what is optimized), policy/ (what the policy does),
+        # ppo/ (the update's diagnostics), time/.
         metrics = {
-            "step": self.step_count, "score": exp.scores.mean().item(), "kl": seq_kl.mean().item(), "beta": beta,
-            "non_score_reward": (-beta * seq_kl).mean().item(),
-            "entropy": masked_mean(exp.entropy, mask).item(), "response_length": mask.sum(1).mean().item(),
-            "eos_rate": exp.eos.float().mean().item(),
+            "step": self.step_count, "objective/score": exp.scores.mean().item(), "objective/kl": seq_kl.mean().item(),
+            "objective/beta": beta, "objective/non_score_reward": (-beta * seq_kl).mean().item(),
+            "policy/entropy": masked_mean(exp.entropy, mask).item(),
+            "policy/response_length": mask.sum(1).mean().item(), "policy/eos_rate": exp.eos.float().mean().item(),
             **{f"ppo/{k}": v for k, v in stats.items()},
             "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
         }
         if self.judge is not None:
-            metrics["gold"] = float(np.mean(self.judge(prompts, exp.texts)))
+            metrics["objective/gold"] = float(np.mean(self.judge(prompts, exp.texts)))
         metrics = mean_across_ranks(metrics)
-        self.kl_ctl.update(metrics["kl"], self.cfg.batch_size)
-        ma = self.kl_average.add(metrics["kl"])
-        metrics["kl_moving_average"] = ma
+        self.kl_ctl.update(metrics["objective/kl"], self.cfg.batch_size)
+        ma = self.kl_average.add(metrics["objective/kl"])
+        metrics["objective/kl_moving_average"] = ma
         if self.cfg.kl_limit is not None and ma > self.cfg.kl_limit:
             self.policy.load_state_dict(before)  # roll back the step that crossed the limit
             self.stopped_by_kl_limit = True

@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
-from .chat import train_tokenizer
-from .model import ModelConfig, new_causal_lm
-from .rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
-from .tasks import helpdesk_task
+from ..algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+from ..data.tasks import helpdesk_task
+from ..models.causal_lm import ModelConfig, new_causal_lm
+from ..models.chat import train_tokenizer
+from .stages import quiet_libraries
 
-PEER = Path(__file__).resolve().parents[2] / "scripts" / "peers" / "trl_ppo_bench.py"
+PEER = Path(__file__).resolve().parents[3] / "scripts" / "peers" / "trl_ppo_bench.py"
 
 
 def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
@@ -31,8 +32,6 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
     from transformers import GPT2Config, GPT2ForSequenceClassification
 
     torch.set_num_threads(threads)
-    from .pipeline import quiet_libraries
-
     quiet_libraries()
     task = helpdesk_task(n_train=4000, n_eval=10)
     tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], 512)
@@ -50,7 +49,7 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
     lengths = []
     for _ in range(rl.steps):
         m = trainer.step()
-        lengths.append(m["response_length"])
+        lengths.append(m["policy/response_length"])
     train_s = time.perf_counter() - t0
     assert all(n == response_length for n in lengths), lengths
     n = rl.steps * batch_size
@@ -75,7 +74,7 @@ def trl(python: str, episodes: int, batch_size: int, response_length: int, n_lay
 def ours_in_subprocess(**kw: Any) -> dict[str, Any]:
     import sys
 
-    code = f"import json; from rlhf_toy.lm.bench import ours; print(json.dumps(ours(**{kw!r})))"
+    code = f"import json; from rlhf_toy.lm.pipeline.bench import ours; print(json.dumps(ours(**{kw!r})))"
     env = {**os.environ, "OMP_NUM_THREADS": str(kw["threads"]), "HF_HUB_OFFLINE": "1"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     if p.returncode != 0:

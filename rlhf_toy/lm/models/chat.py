@@ -1,4 +1,5 @@
-"""The chat format and the tokenizer, trained offline with `tokenizers` and saved as a transformers tokenizer.
+"""The chat format, the tokenizer (trained offline with `tokenizers`, saved as a transformers tokenizer), and
+turning texts into padded token-id tensors.
 
 Format of one exchange (the special tokens split the text, so prompt and response tokenize independently):
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+
+import torch
+from torch import Tensor
 
 from rlhf_toy.errors import UserError
 
@@ -68,3 +72,42 @@ def check_tokenizer_matches(tok, model, what: str) -> None:
             getattr(cfg, "eos_token_id", None) not in (None, tok.eos_token_id):
         raise UserError(f"the tokenizer does not match the {what} (vocab {len(tok)} vs {cfg.vocab_size}, or other "
                         f"PAD/EOS ids); use the tokenizer saved with that model")
+
+
+def encode_prompts(tok, prompts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt in the chat format (ending with the bot marker)."""
+    return [tok.encode(prompt_text(p)) for p in prompts]
+
+
+def encode_responses(tok, responses: list[str]) -> list[list[int]]:
+    """Token ids of each response, EOS appended."""
+    return [tok.encode(r) + [tok.eos_token_id] for r in responses]
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int, side: str = "left") -> tuple[Tensor, Tensor]:
+    """Token lists -> `(ids [B, L], mask [B, L])`, padded on the `side` given ("left" for prompts, which
+    generation continues; "right" for training sequences)."""
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', not {side!r}")
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        real = slice(width - len(s), width) if side == "left" else slice(0, len(s))
+        ids[i, real] = torch.tensor(s, dtype=torch.long)
+        mask[i, real] = 1
+    return ids, mask
+
+
+def widen(x: Tensor, width: int, value: int, side: str) -> Tensor:
+    """`[B, L] -> [B, width]`, filling the new columns with `value` on the `side` given."""
+    extra = width - x.shape[1]
+    return torch.nn.functional.pad(x, (extra, 0) if side == "left" else (0, extra), value=value)
+
+
+def check_fits(prompt_ids: list[list[int]], n_positions: int, min_response: int, what: str) -> None:
+    """Every prompt must leave room for a `min_response`-token reply in the context."""
+    longest = max(len(p) for p in prompt_ids)
+    if longest + min_response > n_positions:
+        raise UserError(f"a {what} prompt is {longest} tokens, too long for the context of {n_positions} with room "
+                        f"for a {min_response}-token response; shorten it or raise --n_positions")

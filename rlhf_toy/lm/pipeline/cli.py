@@ -1,51 +1,68 @@
-"""`python -m rlhf_toy.lm STAGE [flags]` (also installed as `rlhf-toy`): the toy RLHF pipeline's stages."""
+"""`python -m rlhf_toy.lm STAGE [flags]` (also installed as `rlhf-toy`): the command table.
+
+Each command names its config dataclasses (their fields are its flags) and the stage function it runs; the
+stages themselves are in `stages.py`, in pipeline order.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from rlhf_toy.cli import Command, dispatch
-from rlhf_toy.errors import UserError, run_cli
+from rlhf_toy.config import check, option
+from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
 
-from .model import ModelConfig
+from ..algorithms.reward import RewardConfig
+from ..algorithms.rlhf import LM_PPO, RLHFConfig
+from ..algorithms.sft import SFTConfig
+from ..data.preferences import PreferenceConfig
+from ..models.causal_lm import ModelConfig
 from .overopt import OveroptConfig, run_overoptimization
-from .pipeline import RunConfig, TokenizerConfig, stage_preferences, stage_reward, stage_sft, stage_tokenizer
-from .preferences import PreferenceConfig
-from .reward import RewardConfig
-from .rlhf import LM_PPO, RLHFConfig
-from .sft import SFTConfig
-from .stages_rl import EvalConfig, ResumeConfig, stage_evaluate, stage_ppo
+from .stages import (
+    EvalConfig,
+    ResumeConfig,
+    RunConfig,
+    TokenizerConfig,
+    quiet_libraries,
+    stage_evaluate,
+    stage_ppo,
+    stage_preferences,
+    stage_reward,
+    stage_sft,
+    stage_tokenizer,
+)
 
 
 @dataclass
 class SampleConfig:
     """Chat with a saved model: one prompt per line on stdin (or --prompt), replies on stdout."""
 
-    model_dir: str = field(default="runs/helpdesk/sft", metadata={"help": "A saved causal LM with its tokenizer."})
-    prompt: str | None = field(default=None, metadata={"help": "One prompt (otherwise read lines from stdin)."})
-    n: int = field(default=1, metadata={"help": "Replies per prompt."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
-    max_new_tokens: int = field(default=32, metadata={"help": "Longest reply."})
-    seed: int = field(default=0, metadata={"help": "Sampling seed."})
+    model_dir: str = option("A saved causal LM with its tokenizer.", "runs/helpdesk/sft")
+    prompt: str | None = option("One prompt (otherwise read lines from stdin).", None)
+    n: int = option("Replies per prompt.", 1)
+    temperature: float = option("Sampling temperature.", 1.0)
+    max_new_tokens: int = option("Longest reply.", 32)
+    seed: int = option("Sampling seed.", 0)
 
     def __post_init__(self) -> None:
-        if self.n < 1 or self.max_new_tokens < 1 or self.temperature <= 0:
-            raise UserError("n and max_new_tokens must be >= 1 and temperature > 0")
+        check(self.n >= 1, "n", self.n, ">= 1")
+        check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
+        check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
 
 
-def _print(metrics: dict) -> int:
+def _print(metrics: dict[str, Any]) -> int:
+    """One JSON line of a stage's figures (long lists and configs stay in the run directory's files)."""
     print(json.dumps({k: v for k, v in metrics.items() if k not in ("history", "samples", "config", "ppo")}))
     return 0
 
 
 def _all(run: RunConfig) -> int:
     """Every stage on its defaults, in order, ending with the evaluation table."""
-    from .pipeline import stage_preferences, stage_reward, stage_sft, stage_tokenizer
-
     t0 = time.perf_counter()
     _print(stage_tokenizer(run, TokenizerConfig()))
     _print(stage_sft(run, ModelConfig(), SFTConfig()))
@@ -58,15 +75,13 @@ def _all(run: RunConfig) -> int:
 
 
 def _sample(cfg: SampleConfig) -> int:
-    from pathlib import Path
-
     import torch
 
-    from .pipeline import load_causal_lm, quiet_libraries
-    from .sampling import sample
+    from ..models.checkpoints import load_causal_lm
+    from ..models.sampling import sample
 
     quiet_libraries()
-    model, tok = load_causal_lm(Path(cfg.model_dir), "chat")
+    model, tok = load_causal_lm(cfg.model_dir, "chat")
     torch.manual_seed(cfg.seed)
     interactive = cfg.prompt is None and sys.stdin.isatty()
     lines = [cfg.prompt] if cfg.prompt is not None else sys.stdin
@@ -91,8 +106,8 @@ COMMANDS = {
     "reward": Command("Stage 4: train the reward model (Bradley-Terry) and report held-out accuracy.",
                       (RunConfig, RewardConfig), lambda r, c: _print(stage_reward(r, c))),
     "ppo": Command("Stage 5: PPO against the reward model with a KL penalty to the frozen SFT reference.",
-                   (RunConfig, RLHFConfig, PPOConfig, ResumeConfig), lambda r, c, p, x: _print(stage_ppo(r, c, p, x)),
-                   defaults=LM_PPO),
+                   (RunConfig, RLHFConfig, PPOConfig, ResumeConfig),
+                   lambda r, c, p, x: _print(stage_ppo(r, c, p, x)), defaults=LM_PPO),
     "evaluate": Command("Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
                         (RunConfig, EvalConfig), lambda r, c: _print(stage_evaluate(r, c))),
     "all": Command("Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.",

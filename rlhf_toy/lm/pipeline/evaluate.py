@@ -12,10 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .model import response_logprobs
-from .reward import score_texts
-from .sampling import sample
-from .tasks import Task, on_topic
+from rlhf_toy.logging import markdown_table
+
+from ..algorithms.kl import per_token_kl
+from ..data.tasks import Task, on_topic
+from ..models.causal_lm import response_logprobs
+from ..models.reward_model import score_texts
+from ..models.sampling import sample
 
 
 def distinct_2(texts: list[str]) -> float:
@@ -52,7 +55,7 @@ def evaluate_policy(name: str, model, ref_model, rm, tok, task: Task, prompts: l
     s = sample(model, tok, prompts, max_new_tokens, temperature)
     logp, _ = response_logprobs(model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     ref_logp, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
-    kl = ((logp - ref_logp) * s.response_mask).sum(1).mean().item()
+    kl = (per_token_kl(logp, ref_logp, "k1") * s.response_mask).sum(1).mean().item()
     scores = score_texts(rm, tok, prompts, s.texts).tolist()
     return {"name": name, "kl": kl, "eos_rate": float(s.eos.float().mean()),
             **text_metrics(task, prompts, s.texts, scores)}
@@ -77,14 +80,12 @@ def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: l
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    head = "| model | gold | RM score | KL (nats) | on topic | distinct-2 | repetition | words |"
-    lines = [head, "|" + " --- |" * 8]
-    for r in rows:
-        on = "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}"
-        lines.append(f"| {r['name']} | {r['gold']:.3f} | {r['rm_score']:.2f} | {r['kl']:.2f} | {on} | "
-                     f"{r['distinct_2']:.3f} | {r['repetition']:.3f} | {r['length_words']:.1f} |")
-    out = "\n".join(lines) + "\n"
+def evaluation_table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of every model's figures, then five sample conversations of each."""
+    head = ["model", "gold", "RM score", "KL (nats)", "on topic", "distinct-2", "repetition", "words"]
+    out = markdown_table(head, [[r["name"], f"{r['gold']:.3f}", f"{r['rm_score']:.2f}", f"{r['kl']:.2f}",
+                                 "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}", f"{r['distinct_2']:.3f}",
+                                 f"{r['repetition']:.3f}", f"{r['length_words']:.1f}"] for r in rows])
     for r in rows:
         out += f"\n**{r['name']}**\n\n" + "".join(f"- {s['prompt']} -> {s['response']}\n" for s in r["samples"])
     return out

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError
 
-from .sampling import sample
+from ..models.sampling import sample
 from .tasks import Judge
 
 COLUMNS = ["prompt", "chosen", "rejected", "chosen_score", "rejected_score", "label"]
@@ -30,24 +31,22 @@ COLUMNS = ["prompt", "chosen", "rejected", "chosen_score", "rejected_score", "la
 class PreferenceConfig:
     """How preference pairs are built."""
 
-    n_prompts: int = field(default=2000, metadata={"help": "Training prompts to sample for."})
-    k: int = field(default=4, metadata={"help": "Samples per prompt; all pairs within a group are used."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
-    max_new_tokens: int = field(default=32, metadata={"help": "Longest sampled response."})
-    bt_scale: float = field(default=0.1, metadata={"help": "Label noise: P(a > b) = sigmoid((g_a - g_b) / scale)."})
-    soft_labels: bool = field(default=False, metadata={"help": "Keep P(chosen > rejected) as a soft label."})
-    offtopic_fraction: float = field(default=0.1, metadata={"help": "Share of groups given a reply to another prompt."})
-    n_eval_prompts: int = field(default=200, metadata={"help": "Held-out prompts for reward-model evaluation."})
+    n_prompts: int = option("Training prompts to sample for.", 2000)
+    k: int = option("Samples per prompt; all pairs within a group are used.", 4)
+    temperature: float = option("Sampling temperature.", 1.0)
+    max_new_tokens: int = option("Longest sampled response.", 32)
+    bt_scale: float = option("Label noise: P(a > b) = sigmoid((g_a - g_b) / scale).", 0.1)
+    soft_labels: bool = option("Keep P(chosen > rejected) as a soft label.", False)
+    offtopic_fraction: float = option("Share of groups given a reply to another prompt.", 0.1)
+    n_eval_prompts: int = option("Held-out prompts for reward-model evaluation.", 200)
 
     def __post_init__(self) -> None:
-        if self.k < 2:
-            raise UserError(f"k must be >= 2 to form pairs (got {self.k}); pass --k 4")
-        if self.n_prompts < 1 or self.n_eval_prompts < 1 or self.max_new_tokens < 1:
-            raise UserError("n_prompts, n_eval_prompts and max_new_tokens must be >= 1")
-        if self.temperature <= 0 or self.bt_scale <= 0:
-            raise UserError(f"temperature and bt_scale must be > 0 (got {self.temperature}, {self.bt_scale})")
-        if not 0 <= self.offtopic_fraction <= 1:
-            raise UserError(f"offtopic_fraction must be in [0, 1] (got {self.offtopic_fraction})")
+        check(self.k >= 2, "k", self.k, ">= 2 to form pairs, e.g. 4")
+        for name in ("n_prompts", "n_eval_prompts", "max_new_tokens"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
+        check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
+        check(self.bt_scale > 0, "bt_scale", self.bt_scale, "> 0, e.g. 0.1")
+        check(0 <= self.offtopic_fraction <= 1, "offtopic_fraction", self.offtopic_fraction, "in [0, 1]")
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Training algorithms: SFT, reward-model training, and RLHF with PPO on the shared core."""

@@ -1,0 +1,96 @@
+"""Reward-model training: the Bradley-Terry loss on preference pairs, and held-out pairwise accuracy."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from rlhf_toy.config import check, option
+
+from ..models.reward_model import encode_texts, raw_scores, score_texts
+from .sft import cosine_lr
+
+
+@dataclass
+class RewardConfig:
+    """Reward-model training."""
+
+    epochs: int = option("Passes over the preference pairs.", 2)
+    batch_size: int = option("Pairs per gradient step.", 64)
+    learning_rate: float = option("Peak AdamW learning rate (cosine decay).", 5e-4)
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 5e-4")
+
+
+def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, label: Tensor | None = None) -> Tensor:
+    """-log sigmoid(r_c - r_r), or with soft labels p: -(p log s(d) + (1 - p) log s(-d)). `[B] -> scalar`."""
+    d = r_chosen - r_rejected
+    if label is None:
+        return -F.logsigmoid(d).mean()
+    return -(label * F.logsigmoid(d) + (1 - label) * F.logsigmoid(-d)).mean()
+
+
+def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed: int, progress: bool = True) -> dict:
+    """Bradley-Terry training in place on `pairs` (columns prompt, chosen, rejected[, label])."""
+    n = len(pairs["prompt"])
+    order = list(range(n))
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(rm.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    steps = cfg.epochs * -(-n // cfg.batch_size)
+    step, t0, losses = 0, time.perf_counter(), []
+    labels = pairs.get("label")
+    bar = tqdm(total=steps, desc="reward model", disable=not progress, leave=False)
+    rm.train()
+    for _ in range(cfg.epochs):
+        rng.shuffle(order)
+        for s in range(0, n, cfg.batch_size):
+            idx = order[s:s + cfg.batch_size]
+            prompts = [pairs["prompt"][i] for i in idx]
+            ids, mask = encode_texts(tok, prompts + prompts, [pairs["chosen"][i] for i in idx] +
+                                     [pairs["rejected"][i] for i in idx])
+            r = raw_scores(rm, ids, mask)
+            label = None if labels is None else torch.tensor([float(labels[i]) for i in idx])
+            loss = bradley_terry_loss(r[: len(idx)], r[len(idx):], label)
+            for g in opt.param_groups:
+                g["lr"] = cosine_lr(step, steps, cfg.learning_rate, warmup=max(1, steps // 20))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+            step += 1
+            bar.update(1)
+    bar.close()
+    rm.eval()
+    return {"train_loss_first": float(np.mean(losses[:20])), "train_loss_last": float(np.mean(losses[-20:])),
+            "wall_s": time.perf_counter() - t0}
+
+
+def pairwise_accuracy(rm, tok, prompts: list[str], groups: list[list[str]], gold: list[list[float]]) -> dict:
+    """Held-out accuracy on pairs whose gold scores differ, and the correlation of scores with gold."""
+    flat_p = [p for p, g in zip(prompts, groups) for _ in g]
+    flat_r = [r for g in groups for r in g]
+    s = score_texts(rm, tok, flat_p, flat_r).tolist()
+    k, correct, total, i = 0, 0, 0, 0
+    for g_scores in gold:
+        k = len(g_scores)
+        block = s[i:i + k]
+        for a in range(k):
+            for b in range(a + 1, k):
+                if g_scores[a] != g_scores[b]:
+                    total += 1
+                    correct += (block[a] - block[b]) * (g_scores[a] - g_scores[b]) > 0
+        i += k
+    flat_gold = [x for g in gold for x in g]
+    corr = float(np.corrcoef(s, flat_gold)[0, 1]) if len(set(flat_gold)) > 1 else float("nan")
+    return {"accuracy": correct / total if total else float("nan"), "pairs": total, "correlation": corr}

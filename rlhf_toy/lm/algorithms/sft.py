@@ -1,0 +1,123 @@
+"""Supervised fine-tuning of a chat model on (prompt, response) pairs, loss on response tokens (EOS included)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from rlhf_toy.config import check, option
+from rlhf_toy.errors import UserError
+
+from ..models.chat import encode_prompts, encode_responses, pad_sequences
+
+PairIds = list[tuple[list[int], list[int]]]  # (prompt ids, response ids + EOS) per pair
+
+
+@dataclass
+class SFTConfig:
+    """SFT hyperparameters."""
+
+    epochs: int = option("Passes over the SFT pairs.", 2)
+    batch_size: int = option("Sequences per gradient step.", 64)
+    learning_rate: float = option("Peak AdamW learning rate (cosine decay).", 2e-3)
+    weight_decay: float = option("AdamW weight decay.", 0.01)
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 2e-3")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+
+
+def encode_pairs(tok, pairs: list[tuple[str, str]], n_positions: int) -> tuple[PairIds, int]:
+    """Token ids of each pair that fits the context; returns `(pairs_ids, n_dropped)`."""
+    p_ids = encode_prompts(tok, [p for p, _ in pairs])
+    r_ids = encode_responses(tok, [r for _, r in pairs])
+    kept = [(p, r) for p, r in zip(p_ids, r_ids) if len(p) + len(r) <= n_positions]
+    return kept, len(pairs) - len(kept)
+
+
+def sft_batches(pairs_ids: PairIds, batch_size: int, pad_id: int, generator: torch.Generator | None,
+                shuffle: bool = True) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """Yield `(ids, mask, labels)` right-padded batches `[b, L]`; labels are -100 on the prompt and on padding."""
+    order = torch.randperm(len(pairs_ids), generator=generator).tolist() if shuffle else list(range(len(pairs_ids)))
+    for start in range(0, len(order), batch_size):
+        chunk = [pairs_ids[i] for i in order[start: start + batch_size]]
+        ids, mask = pad_sequences([p + r for p, r in chunk], pad_id, "right")
+        labels = torch.full_like(ids, -100)
+        for i, (p, r) in enumerate(chunk):
+            labels[i, len(p): len(p) + len(r)] = torch.tensor(r)
+        yield ids, mask, labels
+
+
+def lm_loss(model, ids: Tensor, mask: Tensor, labels: Tensor) -> tuple[Tensor, int]:
+    """Summed next-token cross-entropy over labelled tokens, and their count."""
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    target = labels[:, 1:]
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
+                           reduction="sum")
+    return loss, int((target != -100).sum())
+
+
+@torch.no_grad()
+def mean_response_loss(model, pairs_ids: PairIds, pad_id: int, batch_size: int = 256) -> float:
+    """Mean loss per response token (nats), EOS included."""
+    total, count = 0.0, 0
+    for ids, mask, labels in sft_batches(pairs_ids, batch_size, pad_id, None, shuffle=False):
+        loss, n = lm_loss(model, ids, mask, labels)
+        total, count = total + loss.item(), count + n
+    return total / max(count, 1)
+
+
+def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay to 0 at `total`."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def train_sft(model, tok, train_ids: PairIds, eval_ids: PairIds, cfg: SFTConfig, seed: int,
+              progress: bool = True) -> dict:
+    """Train in place; returns the loss history (mean per response token)."""
+    if not train_ids:
+        raise UserError("no SFT pair fits the context; raise --n_positions or use shorter texts")
+    generator = torch.Generator().manual_seed(seed)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate, betas=(0.9, 0.98))
+    steps_per_epoch = -(-len(train_ids) // cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    history = {"eval_loss": [mean_response_loss(model, eval_ids, tok.pad_token_id)], "train_loss": []}
+    t0, step = time.perf_counter(), 0
+    bar = tqdm(total=total, desc="sft", disable=not progress, leave=False)
+    model.train()
+    for _ in range(cfg.epochs):
+        running, count = 0.0, 0
+        for ids, mask, labels in sft_batches(train_ids, cfg.batch_size, tok.pad_token_id, generator):
+            for g in opt.param_groups:
+                g["lr"] = cosine_lr(step, total, cfg.learning_rate, warmup=max(1, total // 20))
+            loss_sum, n = lm_loss(model, ids, mask, labels)
+            loss = loss_sum / max(n, 1)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            running, count, step = running + loss_sum.item(), count + n, step + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{running / max(count, 1):.3f}", refresh=False)
+        model.eval()
+        history["train_loss"].append(running / max(count, 1))
+        history["eval_loss"].append(mean_response_loss(model, eval_ids, tok.pad_token_id))
+        model.train()
+    bar.close()
+    model.eval()
+    history["wall_s"] = time.perf_counter() - t0
+    return history

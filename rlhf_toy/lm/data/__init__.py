@@ -1,0 +1,1 @@
+"""Tasks and data: prompts, SFT pairs, preference pairs and gold judges."""

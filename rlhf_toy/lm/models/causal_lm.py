@@ -1,0 +1,73 @@
+"""The tiny GPT-2 policy model, and log-probs of response tokens under any causal LM.
+
+Conventions that matter (each is a known RLHF implementation detail):
+- dropout is off everywhere, so a forward pass is a deterministic function of the weights;
+- prompts are LEFT-padded and position ids come from the attention mask, `cumsum(mask) - 1`: GPT-2 does
+  not derive them itself, and without them a padded prompt is read differently from an unpadded one;
+- log-probs count response tokens only, EOS included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlhf_toy.config import check, option
+
+
+@dataclass
+class ModelConfig:
+    """Size of the tiny GPT-2 (the defaults give about 0.9M parameters with a 1k vocabulary)."""
+
+    n_layer: int = option("Transformer blocks.", 4)
+    n_embd: int = option("Width of the residual stream.", 128)
+    n_head: int = option("Attention heads.", 4)
+    n_positions: int = option("Context length in tokens (prompt + response + EOS).", 64)
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_embd", "n_head", "n_positions"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
+        check(self.n_embd % self.n_head == 0, "n_embd", self.n_embd, f"a multiple of n_head ({self.n_head})")
+
+
+def new_causal_lm(tok, cfg: ModelConfig, seed: int = 0):
+    """A freshly initialised GPT-2 with `tok`'s vocabulary and special tokens, dropout off."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+                        n_head=cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        # GPT-2's tanh GELU, as one fused op instead of GPT-2's default chain of Python ops.
+                        activation_function="gelu_pytorch_tanh",
+                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return GPT2LMHeadModel(config).eval()
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """`[B, L]` mask -> `[B, L]` positions counting real tokens only (left padding starts at 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                      temperature: float = 1.0, return_hidden: bool = False):
+    """Log-probs of the response tokens under `model`, logits divided by `temperature`.
+
+    `prompt_ids/prompt_mask [B, P]` left-padded; `response_ids [B, R]` (any value after EOS).
+    Returns `logprobs [B, R]`, `entropy [B, R]` (and the last hidden states at the positions that predict
+    each response token, `[B, R, H]`, if `return_hidden`).
+    """
+    ids = torch.cat([prompt_ids, response_ids], 1)
+    mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                output_hidden_states=return_hidden)
+    P, R = prompt_ids.shape[1], response_ids.shape[1]
+    logits = out.logits[:, P - 1: P + R - 1].float() / temperature  # position t predicts token t + 1
+    log_pi = F.log_softmax(logits, -1)
+    logprobs = log_pi.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_pi.exp() * log_pi).sum(-1)
+    if return_hidden:
+        return logprobs, entropy, out.hidden_states[-1][:, P - 1: P + R - 1]
+    return logprobs, entropy

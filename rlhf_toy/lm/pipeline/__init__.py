@@ -1,0 +1,1 @@
+"""The pipeline: stages in order, the run directory, evaluation, studies, the CLI and benchmarks."""

@@ -1,0 +1,312 @@
+"""The RLHF pipeline's stages, in order: tokenizer, SFT, preferences, reward model, PPO, evaluation.
+
+Each stage is one function `stage_NAME(run, *configs) -> metrics`: it reads what the earlier stages wrote in
+the run directory and writes its own outputs there (every load and save goes through `RunDir`; the layout is
+in `rundir.py`). The CLI (`cli.py`) maps each command to one of these functions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from rlhf_toy.config import check, derived, option, parse_list
+from rlhf_toy.errors import UserError
+from rlhf_toy.logging import MetricLogger, plt_module, read_jsonl, save_figure
+from rlhf_toy.ppo import PPOConfig
+from rlhf_toy.seeding import seed_everything
+
+from ..algorithms.reward import RewardConfig, pairwise_accuracy, train_reward_model
+from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
+from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
+from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
+from ..data.tasks import Task, get_task, on_topic
+from ..models.causal_lm import ModelConfig, new_causal_lm
+from ..models.chat import check_fits, check_tokenizer_matches, encode_prompts, train_tokenizer
+from ..models.reward_model import reward_model_from_sft, set_normalization
+from ..models.sampling import sample
+from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table
+from .rundir import RunDir
+
+
+@dataclass
+class RunConfig:
+    """Where a run lives and what it trains on."""
+
+    run_dir: str = option("Directory of the run (all stages).", "runs/helpdesk")
+    task: str = option("Built-in task: helpdesk or chatterbot.", "helpdesk")
+    data: str | None = option("Your own prompt/response file (JSONL, CSV, parquet).", None)
+    preferences_file: str | None = option("Your own preference file (prompt/chosen/rejected) for the reward stage.",
+                                          None)
+    judge: str | None = option("Gold judge as module:function (text -> float).", None)
+    seed: int = option("Seed of every stage.", 0)
+    threads: int = option("torch threads.", 2)
+    max_train_pairs: int | None = option("Use only this many SFT pairs (quick runs).", None)
+    progress: bool = option("Show progress bars.", True)
+
+    def __post_init__(self) -> None:
+        check(self.threads >= 1, "threads", self.threads, ">= 1")
+        check(self.max_train_pairs is None or self.max_train_pairs >= 1, "max_train_pairs", self.max_train_pairs,
+              ">= 1 (or None: all)")
+
+    @property
+    def dir(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    def start(self) -> Task:
+        """Quiet the libraries, seed everything, and load the task (data and gold judge)."""
+        quiet_libraries()
+        seed_everything(self.seed, self.threads)
+        task = get_task(self.task, self.data, self.judge, self.seed)
+        if self.max_train_pairs is not None:
+            task.train = task.train[: self.max_train_pairs]
+        return task
+
+
+def quiet_libraries() -> None:
+    """No load reports or per-shard progress bars from transformers/datasets: our own bars say enough."""
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
+# 1. Tokenizer ------------------------------------------------------------------------------------------------
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = option("BPE vocabulary size (special tokens included).", 1024)
+
+    def __post_init__(self) -> None:
+        check(self.vocab_size >= 300, "vocab_size", self.vocab_size, ">= 300 (byte-level BPE needs 256 + merges)")
+
+
+def stage_tokenizer(run: RunConfig, cfg: TokenizerConfig) -> dict[str, Any]:
+    task = run.start()
+    tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], cfg.vocab_size)
+    run.dir.save_tokenizer(tok)
+    return {"stage": "tokenizer", "vocab": len(tok), "pad": tok.pad_token_id, "eos": tok.eos_token_id}
+
+
+# 2. SFT ------------------------------------------------------------------------------------------------------
+
+def entropy_floor(task: Task, eval_ids) -> float | None:
+    """The data's own loss floor per response token, if the task knows its entropy."""
+    if task.entropy_floor_nats is None:
+        return None
+    return task.entropy_floor_nats * len(eval_ids) / sum(len(r) for _, r in eval_ids)
+
+
+def on_topic_rate(prompts: list[str], responses: list[str]) -> float:
+    return sum(on_topic(p, r) for p, r in zip(prompts, responses)) / max(1, len(prompts))
+
+
+def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[str, Any]:
+    task = run.start()
+    rd = run.dir
+    tok = rd.load_tokenizer()
+    if run.data:  # your own data: a prompt that cannot fit is an error, not something to drop quietly
+        check_fits(encode_prompts(tok, [p for p, _ in task.train + task.eval]), model_cfg.n_positions, 4, "--data")
+    train_ids, dropped = encode_pairs(tok, task.train, model_cfg.n_positions)
+    eval_ids, _ = encode_pairs(tok, task.eval, model_cfg.n_positions)
+    check_fits(encode_prompts(tok, task.eval_prompts), model_cfg.n_positions, 4, "held-out")
+    model = new_causal_lm(tok, model_cfg, run.seed)
+    history = train_sft(model, tok, train_ids, eval_ids, cfg, run.seed, run.progress)
+    torch.manual_seed(run.seed)
+    prompts = task.eval_prompts[:200]
+    s = sample(model, tok, prompts, max_new_tokens=model_cfg.n_positions // 2)
+    floor = entropy_floor(task, eval_ids)
+    metrics = {
+        "stage": "sft", "params": sum(p.numel() for p in model.parameters()), "train_pairs": len(train_ids),
+        "dropped_pairs_too_long": dropped, "eval_loss": history["eval_loss"][-1], "entropy_floor": floor,
+        "loss_over_floor": None if floor is None else history["eval_loss"][-1] / floor,
+        "gold_mean": sum(task.judge(s.prompts, s.texts)) / len(prompts), "eos_rate": float(s.eos.float().mean()),
+        "on_topic_rate": on_topic_rate(s.prompts, s.texts) if task.has_topic else None,
+        "samples": [{"prompt": p, "response": r} for p, r in list(zip(s.prompts, s.texts))[:5]],
+        "history": history, "config": {**asdict(model_cfg), **asdict(cfg)},
+    }
+    rd.save_model(rd.sft, model, tok)
+    rd.save_json(rd.report("sft.json"), metrics)
+    return metrics
+
+
+# 3. Preferences ----------------------------------------------------------------------------------------------
+
+def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
+    from datasets import Dataset
+
+    task = run.start()
+    rd = run.dir
+    model, tok = rd.load_sft()
+    prompts = task.train_prompts[: cfg.n_prompts]
+    check_fits(encode_prompts(tok, prompts), model.config.n_positions, cfg.max_new_tokens, "training")
+    t0 = time.perf_counter()
+    groups = sample_groups(model, tok, prompts, task.judge, cfg, run.seed)
+    rows = pairs_from_groups(groups, cfg, run.seed)
+    # Held-out groups are plain SFT samples (no swapped replies): the accuracy reported is on what PPO meets.
+    held = sample_groups(model, tok, task.eval_prompts[: cfg.n_eval_prompts], task.judge,
+                         replace(cfg, offtopic_fraction=0.0), run.seed + 1)
+    ds = Dataset.from_dict(rows)
+    check_preferences(ds, "the sampled preference set")
+    rd.save_preferences(ds)
+    rd.save_json(rd.preferences_eval, {"prompts": held.prompts, "responses": held.responses, "scores": held.scores})
+    # Reference samples for the reward model's normalization: the first SFT sample of every group.
+    rd.save_json(rd.reference_samples, {"prompts": groups.prompts, "responses": [g[0] for g in groups.responses]})
+    gold = [x for g in groups.scores for x in g]
+    metrics = {"stage": "preferences", "prompts": len(prompts), "k": cfg.k, "pairs": len(ds),
+               "pairs_per_sample": len(ds) / (len(prompts) * cfg.k), "gold_mean": sum(gold) / len(gold),
+               "wall_s": time.perf_counter() - t0, "config": asdict(cfg)}
+    rd.save_json(rd.report("preferences.json"), metrics)
+    return metrics
+
+
+# 4. Reward model ---------------------------------------------------------------------------------------------
+
+def stage_reward(run: RunConfig, cfg: RewardConfig) -> dict[str, Any]:
+    run.start()
+    rd = run.dir
+    pairs = rd.load_preferences(run.preferences_file)
+    sft, tok = rd.load_sft()
+    check_fits(encode_prompts(tok, pairs["prompt"]), sft.config.n_positions, 2, "preference")
+    rm = reward_model_from_sft(str(rd.sft), tok)
+    check_tokenizer_matches(tok, rm, "reward model")
+    history = train_reward_model(rm, tok, pairs, cfg, run.seed, run.progress)
+    ref = rd.load_json(rd.reference_samples) or {"prompts": pairs["prompt"], "responses": pairs["chosen"]}
+    mean, std = set_normalization(rm, tok, ref["prompts"], ref["responses"])
+    metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "norm_mean": mean, "norm_std": std,
+                               **history, "config": asdict(cfg)}
+    held = rd.load_json(rd.preferences_eval)
+    if held is not None:
+        metrics.update({f"heldout_{k}": v for k, v in
+                        pairwise_accuracy(rm, tok, held["prompts"], held["responses"], held["scores"]).items()})
+    rd.save_model(rd.reward_model, rm, tok)
+    rd.save_json(rd.report("reward.json"), metrics)
+    return metrics
+
+
+# 5. PPO ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class ResumeConfig:
+    resume: bool = option("Continue from the PPO directory's last checkpoint.", False)
+    ppo_dir: str | None = option("Output directory (default: run_dir/ppo).", None)
+
+
+def plot_ppo_curves(rows: list[dict[str, Any]], path) -> None:
+    plt = plt_module()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    steps = [r["step"] for r in rows]
+    axes[0].plot(steps, [r["objective/score"] for r in rows], label="reward model")
+    if "objective/gold" in rows[0]:
+        axes[0].plot(steps, [r["objective/gold"] for r in rows], label="gold")
+    axes[0].set(xlabel="step", title="score")
+    axes[0].legend(fontsize=8)
+    axes[1].plot(steps, [r["objective/kl"] for r in rows])
+    axes[1].set(xlabel="step", title="KL to reference (nats)")
+    axes[2].plot(steps, [r["policy/response_length"] for r in rows])
+    axes[2].set(xlabel="step", title="response length (tokens)")
+    save_figure(fig, path)
+
+
+def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeConfig) -> dict[str, Any]:
+    task = run.start()
+    rd = run.dir
+    out = rd.ppo(resume.ppo_dir)
+    state = None
+    if resume.resume:
+        model, tok, state = out.load_checkpoint()
+    else:
+        model, tok = rd.load_sft()
+    ref_model, _ = rd.load_sft()
+    rm = rd.load_reward_model(tok)
+    trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
+                          ref_model=ref_model)
+    if state is not None:
+        trainer.load_state(state)
+    rows = read_jsonl(out.metrics) if state is not None and out.metrics.exists() else []
+    rows = [r for r in rows if r["step"] <= trainer.step_count]
+    logger = MetricLogger(out.path, tensorboard=True)
+    for r in rows:  # keep the history up to the checkpoint when resuming
+        logger.log(r["step"], {k: v for k, v in r.items() if k != "step"})
+    t0 = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc="ppo", disable=not run.progress, leave=False)
+    try:
+        while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
+            m = trainer.step()
+            logger.log(m["step"], m)
+            rows.append(m)
+            bar.update(1)
+            bar.set_postfix(score=f"{m['objective/score']:.2f}", gold=f"{m.get('objective/gold', 0):.2f}",
+                            kl=f"{m['objective/kl']:.2f}", refresh=False)
+            if cfg.save_every and trainer.step_count % cfg.save_every == 0:
+                out.save_checkpoint(trainer.policy.lm, trainer.tok, trainer.state())
+    finally:
+        bar.close()
+        logger.close()
+    out.save_checkpoint(trainer.policy.lm, trainer.tok, trainer.state())
+    rd.save_json(out.samples, trainer.last_samples)
+    plot_ppo_curves(rows, out.curves)
+    last = rows[-1] if rows else {}
+    step_s = sum(r["time/step_s"] for r in rows)
+    summary = {"stage": "ppo", "steps": trainer.step_count, "wall_s": time.perf_counter() - t0,
+               "stopped_by_kl_limit": trainer.stopped_by_kl_limit, "final_score": last.get("objective/score"),
+               "final_gold": last.get("objective/gold"), "final_kl": last.get("objective/kl"),
+               "final_beta": last.get("objective/beta"),
+               "episodes_per_s": cfg.batch_size * len(rows) / max(1e-9, step_s),
+               "config": asdict(cfg), "ppo": ppo.to_dict()}
+    rd.save_json(out.summary, summary)
+    return summary
+
+
+# 6. Evaluation -----------------------------------------------------------------------------------------------
+
+@dataclass
+class EvalConfig:
+    eval_prompts: int = option("Held-out prompts to evaluate on.", 200)
+    best_of: str = option("Comma-separated n for best-of-n baselines (empty: none).", "4,16,64")
+    policies: str = option("Comma-separated PPO output dirs under run_dir.", "ppo")
+    temperature: float = option("Sampling temperature for every model.", 1.0)
+    max_new_tokens: int = option("Longest response.", 32)
+    best_of_ns: list[int] = derived()
+    policy_names: list[str] = derived()
+
+    def __post_init__(self) -> None:
+        check(self.eval_prompts >= 1, "eval_prompts", self.eval_prompts, ">= 1")
+        check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
+        check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
+        self.best_of_ns = parse_list("best_of", self.best_of, int, "integers >= 1") if self.best_of.strip() else []
+        check(all(n >= 1 for n in self.best_of_ns), "best_of", self.best_of, "comma-separated integers >= 1")
+        self.policy_names = [p.strip() for p in self.policies.split(",") if p.strip()]
+
+
+def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
+    task = run.start()
+    rd = run.dir
+    policy_dirs = {name: rd.ppo(name) for name in cfg.policy_names}
+    missing = [name for name, d in policy_dirs.items() if not (d.policy / "config.json").is_file()]
+    if missing:  # fail before sampling anything
+        raise UserError(f"no trained policy in {', '.join(str(policy_dirs[m].policy) for m in missing)}; run the "
+                        "'ppo' stage first or pass --policies with existing PPO directories ('' for none)")
+    sft, tok = rd.load_sft()
+    rm = rd.load_reward_model(tok)
+    prompts = task.eval_prompts[: cfg.eval_prompts]
+    rows = [evaluate_policy("SFT", sft, sft, rm, tok, task, prompts, cfg.temperature, cfg.max_new_tokens, run.seed)]
+    if cfg.best_of_ns:
+        rows += evaluate_best_of_n(sft, rm, tok, task, prompts, cfg.best_of_ns, cfg.temperature, cfg.max_new_tokens,
+                                   run.seed)
+    for name, d in policy_dirs.items():
+        policy, _ = d.load_policy(name)
+        rows.append(evaluate_policy(f"PPO ({name})", policy, sft, rm, tok, task, prompts, cfg.temperature,
+                                    cfg.max_new_tokens, run.seed))
+    table = evaluation_table(rows)
+    rd.save_text(rd.report("eval.md"), table)
+    rd.save_json(rd.report("eval.json"), {"rows": rows, "prompts": len(prompts)})
+    print(table)
+    return {"stage": "evaluate", "rows": {r["name"]: {k: r[k] for k in ("gold", "rm_score", "kl", "on_topic")}
+                                          for r in rows}}
