@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass
 
 import numpy as np
 
 from rlhf_toy.cli import Command, Group, dispatch
+from rlhf_toy.config import check, option
 from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
 
@@ -22,28 +23,29 @@ from .train import CARTPOLE_PPO, TrainConfig, train
 class EvalConfig:
     """Settings for `cartpole eval`."""
 
-    checkpoint: str = field(metadata={"help": "A .pt checkpoint, or a run directory (uses its final.pt)."})
-    episodes: int = field(default=20, metadata={"help": "Episodes to run."})
-    seed: int = field(default=10_000, metadata={"help": "Seed of the evaluation envs."})
-    env_id: str | None = field(default=None, metadata={"help": "Env to evaluate on (default: the one trained on)."})
-    stochastic: bool = field(default=False, metadata={"help": "Sample actions instead of taking the most probable."})
+    checkpoint: str = option("A .pt checkpoint, or a run directory (uses its final.pt).", MISSING)
+    episodes: int = option("Episodes to run.", 20)
+    seed: int = option("Seed of the evaluation envs.", 10_000)
+    env_id: str | None = option("Env to evaluate on (default: the one trained on).", None)
+    stochastic: bool = option("Sample actions instead of taking the most probable.", False)
 
     def __post_init__(self) -> None:
-        from rlhf_toy.errors import UserError
-
-        if self.episodes < 1:
-            raise UserError(f"episodes must be >= 1 (got {self.episodes}); pass --episodes 20")
+        check(self.episodes >= 1, "episodes", self.episodes, ">= 1, e.g. 20")
 
 
 @dataclass
 class WatchConfig:
     """Settings for `cartpole watch`."""
 
-    checkpoint: str = field(metadata={"help": "A .pt checkpoint, or a run directory (uses its final.pt)."})
-    out: str = field(default="runs/watch", metadata={"help": "Directory for trained.gif and untrained.gif."})
-    seed: int = field(default=0, metadata={"help": "Seed of the episode (and of the untrained agent)."})
-    max_steps: int = field(default=500, metadata={"help": "Stop the episode after this many steps."})
-    every: int = field(default=2, metadata={"help": "Keep every n-th frame (smaller GIFs)."})
+    checkpoint: str = option("A .pt checkpoint, or a run directory (uses its final.pt).", MISSING)
+    out: str = option("Directory for trained.gif and untrained.gif.", "runs/watch")
+    seed: int = option("Seed of the episode (and of the untrained agent).", 0)
+    max_steps: int = option("Stop the episode after this many steps.", 500)
+    every: int = option("Keep every n-th frame (smaller GIFs).", 2)
+
+    def __post_init__(self) -> None:
+        check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
+        check(self.every >= 1, "every", self.every, ">= 1")
 
 
 def _watch(cfg: WatchConfig) -> int:

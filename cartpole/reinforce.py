@@ -13,6 +13,7 @@ import gymnasium as gym
 import torch
 
 from rlhf_toy.advantages import discounted_returns
+from rlhf_toy.config import check, option
 from rlhf_toy.losses import policy_gradient_loss, value_loss
 from rlhf_toy.seeding import seed_everything
 
@@ -24,12 +25,17 @@ from .envs import make_vec_env
 class ReinforceConfig:
     """REINFORCE settings (defaults: the lesson's Build answer)."""
 
-    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium id (Discrete actions, flat Box obs)."})
-    episodes: int = field(default=500, metadata={"help": "Episodes to train for, one update each."})
-    baseline: bool = field(default=True, metadata={"help": "Subtract a learned value baseline."})
-    learning_rate: float = field(default=3e-3, metadata={"help": "Adam learning rate (policy and value)."})
-    gamma: float = field(default=0.99, metadata={"help": "Discount factor."})
-    seed: int = field(default=0, metadata={"help": "Seed of the networks, the sampling and the env."})
+    env_id: str = option("Gymnasium id (Discrete actions, flat Box obs).", "CartPole-v1")
+    episodes: int = option("Episodes to train for, one update each.", 500)
+    baseline: bool = option("Subtract a learned value baseline.", True)
+    learning_rate: float = option("Adam learning rate (policy and value).", 3e-3)
+    gamma: float = option("Discount factor.", 0.99)
+    seed: int = option("Seed of the networks, the sampling and the env.", 0)
+
+    def __post_init__(self) -> None:
+        check(self.episodes >= 1, "episodes", self.episodes, ">= 1")
+        check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 3e-3")
+        check(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1], e.g. 0.99")
 
 
 @dataclass

@@ -6,6 +6,7 @@ One iteration: collect N envs x T steps -> GAE (rlhf_toy.advantages.gae) -> PPO 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, replace
@@ -16,9 +17,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rlhf_toy.advantages import gae
-from rlhf_toy.config import option
+from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError
-from rlhf_toy.io import atomic_write_json
+from rlhf_toy.io import atomic_write_json, output_lock
 from rlhf_toy.logging import MetricLogger
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
 from rlhf_toy.seeding import seed_everything
@@ -80,13 +81,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "num_envs", "n_steps", "hidden", "eval_episodes", "solved_window", "threads"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name} must be >= 1 (got {getattr(self, name)}); pass --{name} with a positive value")
-        if self.eval_every < 0:
-            raise UserError(f"eval_every must be >= 0 (got {self.eval_every}); 0 evaluates only at the end")
-        if self.total_steps < self.num_envs * self.n_steps:
-            raise UserError(f"total_steps ({self.total_steps}) is less than one rollout (num_envs x n_steps = "
-                            f"{self.num_envs * self.n_steps}); raise --total_steps or lower --n_steps")
+            check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
+        check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0 (0 evaluates only at the end)")
+        rollout = self.num_envs * self.n_steps
+        check(self.total_steps >= rollout, "total_steps", self.total_steps,
+              f"at least one rollout (num_envs x n_steps = {rollout}); or lower --n_steps")
 
 
 class SolvedTracker:
@@ -129,6 +128,20 @@ def train(cfg: TrainConfig, ppo: PPOConfig | None = None) -> dict[str, Any]:
 def run_training(cfg: TrainConfig, ppo: PPOConfig | None = None) -> TrainResult:
     """`train`, returning the agent and the episode history as well."""
     ppo = ppo or CARTPOLE_PPO
+    rollout = cfg.num_envs * cfg.n_steps
+    if ppo.minibatch_size > rollout:
+        raise UserError(f"minibatch_size ({ppo.minibatch_size}) is larger than the batch (num_envs x n_steps = "
+                        f"{rollout}); lower --minibatch_size or raise --n_steps")
+    # Whole rollouts only: train at least total_steps, as Stable-Baselines3 does, and say so when rounding up.
+    iterations = -(-cfg.total_steps // rollout)
+    if iterations * rollout != cfg.total_steps:
+        print(f"note: training {iterations * rollout} env steps: {iterations} rollouts of num_envs x n_steps = "
+              f"{rollout} (--total_steps {cfg.total_steps} rounded up)", file=sys.stderr)
+    with output_lock(cfg.out, "CartPole run"):
+        return _run_training(cfg, ppo, iterations)
+
+
+def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainResult:
     t0 = time.perf_counter()
     generator = seed_everything(cfg.seed, cfg.threads)
     envs = make_vec_env(cfg.env_id, cfg.num_envs)
@@ -140,7 +153,6 @@ def run_training(cfg: TrainConfig, ppo: PPOConfig | None = None) -> TrainResult:
     logger = MetricLogger(out, tensorboard=cfg.tensorboard)
     meta = {"env_id": cfg.env_id, "train": asdict(cfg), "ppo": ppo.to_dict()}
     solved = SolvedTracker(reward_threshold(cfg.env_id), cfg.solved_window, t0)
-    iterations = cfg.total_steps // (cfg.num_envs * cfg.n_steps)
     best_eval, next_eval = -float("inf"), cfg.eval_every
     bar = tqdm(total=iterations * cfg.num_envs * cfg.n_steps, unit="step", disable=not cfg.progress, leave=False)
 

@@ -62,6 +62,9 @@ def parse_configs(configs: tuple[type, ...], argv: Sequence[str], prog: str, hel
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(configs, prog=prog, description=help)
+    for action in parser._actions:  # `--no_X` turns X off; its help must not read "(default: True)" backwards
+        if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
+            action.help = f"Turn {action.dest} off (same as --{action.dest} False; its default is %(default)s)."
     if is_dataclass(defaults):
         defaults = asdict(defaults)
     if defaults:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UserError
 from .io import atomic_write
 
 
@@ -20,11 +21,15 @@ class MetricLogger:
     Keys are namespaced like CleanRL's (`charts/episodic_return`, `losses/approx_kl`, ...).
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], tensorboard: bool = True) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], tensorboard: bool = True,
+                 history: list[dict[str, Any]] | None = None) -> None:
+        """Start `metrics.jsonl` afresh with the rows of `history` (a resumed run's rows up to its checkpoint)."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
         self._file = self.path.open("w")
+        for row in history or []:
+            self._file.write(json.dumps(row) + "\n")
         self._tb = None
         if tensorboard:
             try:
@@ -42,6 +47,14 @@ class MetricLogger:
                 if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
 
+    def flush(self) -> None:
+        """Put every row logged so far on disk (fsync): called before each checkpoint, so a run killed after
+        its checkpoint has the history up to it."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._tb is not None:
+            self._tb.flush()
+
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
@@ -54,9 +67,26 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path: str | os.PathLike[str], partial_last_line_ok: bool = False) -> list[dict[str, Any]]:
+    """The rows of a JSONL file. A line that is not a JSON object is a one-line `UserError`, except (with
+    `partial_last_line_ok`) an unterminated last line: what a writer killed mid-line leaves."""
+    text = Path(path).read_text()
+    lines = text.split("\n")
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if partial_last_line_ok and i == len(lines):  # no newline after it: cut off mid-write
+                break
+            raise UserError(f"{path}, line {i}, is not a JSON object ({line[:60]!r}); fix or delete that line") \
+                from None
+        rows.append(row)
+    return rows
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:

@@ -11,3 +11,17 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory):
+    """Stages 1-4 of a tiny helpdesk run, built once per session; tests copy it before changing anything."""
+    from tests.helpers import stage
+
+    d = tmp_path_factory.mktemp("run")
+    # A judge that always tells replies apart (their length): a model this small rarely names the topic yet.
+    for name in ("tokenizer", "sft", "preferences", "reward"):
+        assert stage(name, d, "--judge", "tests.judges:length") == 0, name
+    return d

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def quick(tmp_path, **kw):
-    base = dict(total_steps=2048, num_envs=4, n_steps=32, out=str(tmp_path), progress=False, tensorboard=False,
+    base = dict(total_steps=2048, num_envs=8, n_steps=32, out=str(tmp_path), progress=False, tensorboard=False,
                 plot=False, eval_every=1024, eval_episodes=3)
     return TrainConfig(**{**base, **kw})
 
@@ -126,7 +126,7 @@ def run_cli(*args):
 
 
 def test_cli_train_then_eval(tmp_path):
-    p = run_cli("train", "--total_steps", "2048", "--num_envs", "4", "--out", str(tmp_path), "--progress", "False",
+    p = run_cli("train", "--total_steps", "2048", "--num_envs", "8", "--out", str(tmp_path), "--progress", "False",
                 "--eval_episodes", "2")
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])

@@ -10,29 +10,9 @@ import pytest
 
 from rlhf_toy.errors import run_cli
 from rlhf_toy.lm.pipeline.cli import main
+from tests.helpers import PPO_TINY, stage
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {
-    "tokenizer": ["--vocab_size", "400", "--max_train_pairs", "2000"],
-    "sft": ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--epochs", "2", "--batch_size", "32",
-            "--learning_rate", "5e-3", "--max_train_pairs", "2000"],
-    "preferences": ["--n_prompts", "40", "--k", "3", "--n_eval_prompts", "10", "--max_new_tokens", "24"],
-    "reward": ["--epochs", "1", "--batch_size", "16"],
-}
-
-
-def stage(name, run_dir, *extra):
-    return run_cli(main, [name, "--run_dir", str(run_dir), "--progress", "False", "--threads", "1", *TINY[name],
-                          *extra])
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("run")
-    # A judge that always tells replies apart (their length): a model this small rarely names the topic yet.
-    for name in ("tokenizer", "sft", "preferences", "reward"):
-        assert stage(name, d, "--judge", "tests.judges:length") == 0, name
-    return d
 
 
 def test_each_stage_writes_its_outputs(run_dir):
@@ -137,9 +117,6 @@ def test_cli_exit_code_and_one_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "rlhf_toy.lm", "sft", "--run_dir", str(tmp_path)], capture_output=True,
                        text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "no tokenizer in" in p.stderr and "Traceback" not in p.stderr
-
-
-PPO_TINY = ["--steps", "2", "--batch_size", "8", "--max_new_tokens", "16", "--judge", "tests.judges:length"]
 
 
 def test_ppo_evaluate_and_resume(run_dir, tmp_path):

@@ -11,7 +11,7 @@ from rlhf_toy.lm.algorithms.sft import SFTConfig, encode_pairs, train_sft
 from rlhf_toy.lm.data.tasks import helpdesk_task
 from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, position_ids
 from rlhf_toy.lm.models.chat import EOS, PAD, encode_prompts, pad_sequences, prompt_text, train_tokenizer
-from rlhf_toy.lm.models.reward_model import raw_scores, score_texts, set_normalization
+from rlhf_toy.lm.models.reward_model import MIN_NORM_STD, raw_scores, score_texts, set_normalization
 
 TINY = ModelConfig(n_layer=2, n_embd=32, n_head=2, n_positions=64)
 
@@ -113,8 +113,19 @@ def test_sft_lowers_held_out_loss_and_round_trips(task, tok, tmp_path):
     assert again.config.resid_pdrop == 0.0 and again.config.pad_token_id == tok.pad_token_id
 
 
+def test_a_tiny_score_spread_is_not_blown_up_by_normalization(tok):
+    rm = tiny_reward_model(tok)  # untrained: its scores differ by about 0.01
+    prompts, responses = ["My printer won't start."] * 3, ["Sure. Bye.", "Ugh. Bye.", "Happy to help!"]
+    raw = score_texts(rm, tok, prompts, responses)
+    mean, std = set_normalization(rm, tok, prompts, responses)
+    assert raw.std() < MIN_NORM_STD and std == 1.0  # only the mean is removed: no 100x larger rewards
+    torch.testing.assert_close(score_texts(rm, tok, prompts, responses), raw - mean)
+
+
 def test_reward_model_round_trip_keeps_normalization(tok, tmp_path):
     rm = tiny_reward_model(tok)
+    with torch.no_grad():
+        rm.score.weight.mul_(100.0)  # a spread of scores like a trained model's, so that normalization scales
     prompts, responses = ["My printer won't start."] * 3, ["Sure. Bye.", "Ugh. Bye.", "Happy to help!"]
     mean, std = set_normalization(rm, tok, prompts, responses)
     s = score_texts(rm, tok, prompts, responses)

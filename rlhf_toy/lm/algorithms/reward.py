@@ -22,12 +22,17 @@ from .sft import cosine_lr
 class RewardConfig:
     """Reward-model training."""
 
-    epochs: int = option("Passes over the preference pairs.", 2)
+    epochs: int = option("Passes over the preference pairs (more if needed to reach --min_steps).", 2)
     batch_size: int = option("Pairs per gradient step.", 64)
     learning_rate: float = option("Peak AdamW learning rate (cosine decay).", 5e-4)
+    min_steps: int = option("At least this many gradient steps: a small preference file gets more epochs.", 100)
+    heldout_fraction: float = option(
+        "Share of a --preferences_file's prompts held out (seeded) to report pairwise accuracy on.", 0.1)
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        check(self.min_steps >= 1, "min_steps", self.min_steps, ">= 1")
+        check(0 <= self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in [0, 1), e.g. 0.1")
         check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 5e-4")
 
@@ -46,12 +51,14 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
     order = list(range(n))
     rng = random.Random(seed)
     opt = torch.optim.AdamW(rm.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
-    steps = cfg.epochs * -(-n // cfg.batch_size)
+    per_epoch = -(-n // cfg.batch_size)
+    epochs = max(cfg.epochs, -(-cfg.min_steps // per_epoch))  # a small file: enough passes for min_steps
+    steps = epochs * per_epoch
     step, t0, losses = 0, time.perf_counter(), []
     labels = pairs.get("label")
     bar = tqdm(total=steps, desc="reward model", disable=not progress, leave=False)
     rm.train()
-    for _ in range(cfg.epochs):
+    for _ in range(epochs):
         rng.shuffle(order)
         for s in range(0, n, cfg.batch_size):
             idx = order[s:s + cfg.batch_size]
@@ -72,8 +79,25 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
             bar.update(1)
     bar.close()
     rm.eval()
-    return {"train_loss_first": float(np.mean(losses[:20])), "train_loss_last": float(np.mean(losses[-20:])),
-            "wall_s": time.perf_counter() - t0}
+    return {"epochs": epochs, "steps": steps, "train_loss_first": float(np.mean(losses[:20])),
+            "train_loss_last": float(np.mean(losses[-20:])), "wall_s": time.perf_counter() - t0}
+
+
+def split_pairs(pairs: dict[str, list], fraction: float, seed: int) -> tuple[dict[str, list], dict[str, list]]:
+    """Hold out the pairs of a seeded `fraction` of the prompts (all pairs of a prompt stay on one side)."""
+    prompts = sorted(set(pairs["prompt"]))
+    random.Random(seed).shuffle(prompts)
+    held = set(prompts[: int(len(prompts) * fraction)])
+    pick = lambda keep: {c: [v for v, p in zip(col, pairs["prompt"]) if (p in held) == keep]  # noqa: E731
+                         for c, col in pairs.items()}
+    return pick(False), pick(True)
+
+
+def pair_accuracy(rm, tok, pairs: dict[str, list]) -> dict[str, float]:
+    """Share of pairs whose chosen reply the reward model scores above the rejected one."""
+    chosen = score_texts(rm, tok, pairs["prompt"], pairs["chosen"])
+    rejected = score_texts(rm, tok, pairs["prompt"], pairs["rejected"])
+    return {"accuracy": float((chosen > rejected).float().mean()), "pairs": len(pairs["prompt"])}
 
 
 def pairwise_accuracy(rm, tok, prompts: list[str], groups: list[list[str]], gold: list[list[float]]) -> dict:

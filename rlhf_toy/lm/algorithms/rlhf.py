@@ -151,6 +151,9 @@ class RLHFTrainer:
         if cfg.batch_size > len(prompts):
             raise UserError(f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
                             "lower --batch_size or use more prompts")
+        if ppo.minibatch_size > cfg.batch_size:
+            raise UserError(f"minibatch_size ({ppo.minibatch_size}) is larger than the batch ({cfg.batch_size} "
+                            "episodes per step); lower --minibatch_size or raise --batch_size")
         longest = max(len(p) for p in encode_prompts(tok, prompts))
         if longest + cfg.max_new_tokens + 1 > sft_model.config.n_positions:
             raise UserError(f"prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) + EOS exceeds the "

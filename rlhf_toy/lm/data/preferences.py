@@ -102,3 +102,8 @@ def check_preferences(ds, where: str) -> None:
                         f"(it has {ds.column_names})")
     if len(ds) == 0:
         raise UserError(f"{where} holds no preference pairs; sample more prompts or check the judge's scores differ")
+    for column in ("prompt", "chosen", "rejected"):
+        for i, value in enumerate(ds[column]):
+            if not isinstance(value, str):
+                raise UserError(f"{where}: row {i + 1} has a {type(value).__name__} in '{column}' ({value!r}), not "
+                                "a text; every prompt, chosen and rejected must be a string")

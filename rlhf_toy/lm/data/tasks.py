@@ -17,6 +17,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlhf_toy.errors import UserError
 
@@ -115,16 +116,19 @@ def load_judge(spec: str) -> Judge:
     except (ImportError, AttributeError) as exc:
         raise UserError(f"cannot import judge '{spec}' ({type(exc).__name__}: {exc}); check the module is on "
                         "PYTHONPATH and the function name") from exc
-    try:
-        n_args = len(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        n_args = 1
-    pair = n_args >= 2
+    if not callable(fn):
+        raise UserError(f"judge '{spec}' is a {type(fn).__name__}, not a function; name a function that takes "
+                        "text or (prompt, response) and returns a number")
+    pair = _judge_arity(fn, spec) == 2
 
     def judge(prompts: list[str], responses: list[str]) -> list[float]:
         out = []
         for p, r in zip(prompts, responses):
-            v = fn(p, r) if pair else fn(r)
+            try:
+                v = fn(p, r) if pair else fn(r)
+            except Exception as exc:
+                raise UserError(f"judge '{spec}' failed on a reply ({type(exc).__name__}: {exc}); fix the judge") \
+                    from None
             try:
                 v = float(v)
             except (TypeError, ValueError):
@@ -134,7 +138,24 @@ def load_judge(spec: str) -> Judge:
             out.append(v)
         return out
 
+    judge(["My printer won't start."], ["Try restarting your printer."])  # fail now, not after sampling
     return judge
+
+
+def _judge_arity(fn: Callable[..., Any], spec: str) -> int:
+    """1 if `fn` takes `(text)`, 2 if it takes `(prompt, response)`; anything else is a `UserError`."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1  # a builtin without a signature: the probe call in `load_judge` decides
+    for n in (2, 1):
+        try:
+            sig.bind(*["x"] * n)
+            return n
+        except TypeError:
+            continue
+    raise UserError(f"judge '{spec}' takes {len(sig.parameters)} argument(s) {tuple(sig.parameters)}; it must take "
+                    "text, or prompt and response")
 
 
 Pairs = list[tuple[str, str]]

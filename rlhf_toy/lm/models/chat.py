@@ -110,4 +110,5 @@ def check_fits(prompt_ids: list[list[int]], n_positions: int, min_response: int,
     longest = max(len(p) for p in prompt_ids)
     if longest + min_response > n_positions:
         raise UserError(f"a {what} prompt is {longest} tokens, too long for the context of {n_positions} with room "
-                        f"for a {min_response}-token response; shorten it or raise --n_positions")
+                        f"for a {min_response}-token response; shorten it, lower --max_new_tokens or raise "
+                        "--n_positions")

@@ -6,6 +6,7 @@ and renamed into place, so a crash leaves the previous one (or none), never half
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -29,10 +30,31 @@ def load_causal_lm(path: str | os.PathLike[str], what: str):
     path = Path(path)
     if not (path / "config.json").is_file():
         raise UserError(f"no {what} model in {path}; run the earlier stage first (or pass the right --run_dir)")
+    architectures = read_config(path).get("architectures") or []
+    if architectures and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        raise UserError(f"{path} holds a {'/'.join(architectures)}, not a causal language model; pass a chat model's "
+                        "directory (e.g. run_dir/sft or run_dir/ppo/policy)")
     tok = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    model = from_pretrained(AutoModelForCausalLM, path, what)
     check_tokenizer_matches(tok, model, what)
     return model, tok
+
+
+def read_config(path: Path) -> dict:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except ValueError as exc:
+        raise UserError(f"{path / 'config.json'} is not valid JSON ({exc}); re-run the stage that wrote it") from None
+
+
+def from_pretrained(auto_class, path: Path, what: str, **kwargs):
+    """`auto_class.from_pretrained(path)` in eval mode; a damaged directory is a one-line `UserError`."""
+    try:
+        return auto_class.from_pretrained(str(path), **kwargs).eval()
+    except Exception as exc:  # a truncated model.safetensors, a config of an unknown architecture, ...
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise UserError(f"cannot load the {what} model in {path} ({type(exc).__name__}: {first}); re-run the stage "
+                        "that wrote it") from None
 
 
 def load_reward_model(path: str | os.PathLike[str], tok):
@@ -46,4 +68,4 @@ def load_reward_model(path: str | os.PathLike[str], tok):
     if rm_tok.get_vocab() != tok.get_vocab() or rm_tok.pad_token_id != tok.pad_token_id:
         raise UserError(f"the reward model's tokenizer in {path} does not match the policy's; train the reward model "
                         "from this run's SFT model")
-    return AutoModelForSequenceClassification.from_pretrained(str(path)).eval()
+    return from_pretrained(AutoModelForSequenceClassification, path, "reward")

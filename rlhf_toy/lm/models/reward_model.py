@@ -20,11 +20,15 @@ from .chat import encode_prompts, encode_responses, pad_sequences
 
 def reward_model_from_sft(sft_dir: str, tok):
     """A scalar-head model whose trunk is the SFT model's (the head starts untrained)."""
+    from pathlib import Path
+
     from transformers import AutoModelForSequenceClassification
 
-    rm = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
+    from .checkpoints import from_pretrained
+
+    rm = from_pretrained(AutoModelForSequenceClassification, Path(sft_dir), "SFT", num_labels=1)
     rm.config.pad_token_id = tok.pad_token_id
-    return rm.eval()
+    return rm
 
 
 def raw_scores(rm, ids: Tensor, mask: Tensor) -> Tensor:
@@ -72,11 +76,20 @@ def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: T
     return normalize(rm, raw_scores(rm, ids, mask))
 
 
+MIN_NORM_STD = 0.05  # below this, scores barely vary: dividing by their std would blow rewards up
+
+
 @torch.no_grad()
 def set_normalization(rm, tok, prompts: list[str], responses: list[str]) -> tuple[float, float]:
-    """Make reference samples score mean 0, std 1 (stored in the config, saved with the model)."""
+    """Make reference samples score mean 0, std 1 (stored in the config, saved with the model).
+
+    If their scores barely vary (std < MIN_NORM_STD) only the mean is removed: the raw scale is kept rather
+    than multiplied by up to 1 / std.
+    """
     rm.config.reward_mean, rm.config.reward_std = 0.0, 1.0
     s = score_texts(rm, tok, prompts, responses)
-    mean, std = float(s.mean()), float(s.std().clamp(min=1e-6))
+    mean, std = float(s.mean()), float(s.std()) if len(s) > 1 else 0.0
+    if not std >= MIN_NORM_STD:
+        std = 1.0
     rm.config.reward_mean, rm.config.reward_std = mean, std
     return mean, std

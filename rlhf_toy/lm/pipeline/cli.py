@@ -77,6 +77,7 @@ def _all(run: RunConfig) -> int:
 def _sample(cfg: SampleConfig) -> int:
     import torch
 
+    from ..models.chat import check_fits, encode_prompts
     from ..models.checkpoints import load_causal_lm
     from ..models.sampling import sample
 
@@ -91,6 +92,8 @@ def _sample(cfg: SampleConfig) -> int:
         prompt = line.strip()
         if not prompt:
             continue
+        # As `ppo` does: refuse a reply length that does not fit, rather than shorten it without a word.
+        check_fits(encode_prompts(tok, [prompt]), model.config.n_positions, cfg.max_new_tokens + 1, "--prompt")
         for reply in sample(model, tok, [prompt] * cfg.n, cfg.max_new_tokens, cfg.temperature).texts:
             print(f"user: {prompt}\nbot:  {reply}")
     return 0

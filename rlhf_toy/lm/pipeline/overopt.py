@@ -20,7 +20,7 @@ from rlhf_toy.logging import markdown_table, moving_average, plt_module, read_js
 
 from ..algorithms.rlhf import LM_PPO, RLHFConfig
 from .evaluate import evaluate_best_of_n
-from .stages import ResumeConfig, RunConfig, stage_ppo
+from .stages import ResumeConfig, RunConfig, stage_ppo, writes_run_dir
 
 SMOOTH = 5  # training-batch curves are noisy: plot and rank the trailing mean of 5 steps
 
@@ -43,6 +43,7 @@ class OveroptConfig:
         check(self.eval_prompts >= 1, "eval_prompts", self.eval_prompts, ">= 1")
 
 
+@writes_run_dir
 def run_overoptimization(run: RunConfig, cfg: OveroptConfig) -> dict[str, Any]:
     task = run.start()
     rd = run.dir

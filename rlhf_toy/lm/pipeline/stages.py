@@ -7,7 +7,9 @@ in `rundir.py`). The CLI (`cli.py`) maps each command to one of these functions.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -16,11 +18,11 @@ from tqdm.auto import tqdm
 
 from rlhf_toy.config import check, derived, option, parse_list
 from rlhf_toy.errors import UserError
-from rlhf_toy.logging import MetricLogger, plt_module, read_jsonl, save_figure
+from rlhf_toy.logging import MetricLogger, plt_module, save_figure
 from rlhf_toy.ppo import PPOConfig
 from rlhf_toy.seeding import seed_everything
 
-from ..algorithms.reward import RewardConfig, pairwise_accuracy, train_reward_model
+from ..algorithms.reward import RewardConfig, pair_accuracy, pairwise_accuracy, split_pairs, train_reward_model
 from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
 from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
 from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
@@ -67,6 +69,18 @@ class RunConfig:
         return task
 
 
+def writes_run_dir(stage: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A stage that writes the run directory holds its lock while it runs: a second writer gets a one-line error,
+    and the temporaries a killed writer left there are swept first."""
+
+    @functools.wraps(stage)
+    def locked(run: RunConfig, *configs: Any) -> dict[str, Any]:
+        with run.dir.lock():
+            return stage(run, *configs)
+
+    return locked
+
+
 def quiet_libraries() -> None:
     """No load reports or per-shard progress bars from transformers/datasets: our own bars say enough."""
     import datasets
@@ -87,6 +101,7 @@ class TokenizerConfig:
         check(self.vocab_size >= 300, "vocab_size", self.vocab_size, ">= 300 (byte-level BPE needs 256 + merges)")
 
 
+@writes_run_dir
 def stage_tokenizer(run: RunConfig, cfg: TokenizerConfig) -> dict[str, Any]:
     task = run.start()
     tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], cfg.vocab_size)
@@ -107,6 +122,7 @@ def on_topic_rate(prompts: list[str], responses: list[str]) -> float:
     return sum(on_topic(p, r) for p, r in zip(prompts, responses)) / max(1, len(prompts))
 
 
+@writes_run_dir
 def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[str, Any]:
     task = run.start()
     rd = run.dir
@@ -138,6 +154,7 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
 
 # 3. Preferences ----------------------------------------------------------------------------------------------
 
+@writes_run_dir
 def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
     from datasets import Dataset
 
@@ -168,6 +185,7 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
 
 # 4. Reward model ---------------------------------------------------------------------------------------------
 
+@writes_run_dir
 def stage_reward(run: RunConfig, cfg: RewardConfig) -> dict[str, Any]:
     run.start()
     rd = run.dir
@@ -176,13 +194,24 @@ def stage_reward(run: RunConfig, cfg: RewardConfig) -> dict[str, Any]:
     check_fits(encode_prompts(tok, pairs["prompt"]), sft.config.n_positions, 2, "preference")
     rm = reward_model_from_sft(str(rd.sft), tok)
     check_tokenizer_matches(tok, rm, "reward model")
+    held_pairs = None
+    if run.preferences_file and cfg.heldout_fraction > 0:  # a user's file: hold out a seeded share of its prompts
+        pairs, held_pairs = split_pairs(pairs, cfg.heldout_fraction, run.seed)
+        if not held_pairs["prompt"] or not pairs["prompt"]:
+            raise UserError(f"{run.preferences_file} has too few prompts to hold out {cfg.heldout_fraction:.0%} of "
+                            "them; add pairs or pass --heldout_fraction 0")
     history = train_reward_model(rm, tok, pairs, cfg, run.seed, run.progress)
-    ref = rd.load_json(rd.reference_samples) or {"prompts": pairs["prompt"], "responses": pairs["chosen"]}
+    # Normalize on reference samples (one SFT sample per prompt) when the preferences stage wrote them; on a
+    # user's file, on both sides of its training pairs.
+    ref = rd.load_json(rd.reference_samples) or {"prompts": pairs["prompt"] * 2,
+                                                 "responses": pairs["chosen"] + pairs["rejected"]}
     mean, std = set_normalization(rm, tok, ref["prompts"], ref["responses"])
     metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "norm_mean": mean, "norm_std": std,
                                **history, "config": asdict(cfg)}
     held = rd.load_json(rd.preferences_eval)
-    if held is not None:
+    if held_pairs is not None:
+        metrics.update({f"heldout_{k}": v for k, v in pair_accuracy(rm, tok, held_pairs).items()})
+    elif held is not None and not run.preferences_file:
         metrics.update({f"heldout_{k}": v for k, v in
                         pairwise_accuracy(rm, tok, held["prompts"], held["responses"], held["scores"]).items()})
     rd.save_model(rd.reward_model, rm, tok)
@@ -214,53 +243,80 @@ def plot_ppo_curves(rows: list[dict[str, Any]], path) -> None:
     save_figure(fig, path)
 
 
+# What --resume may change: how long to train and how often to save. Anything else must match the saved run.
+RESUMABLE_CHANGES = {"steps", "save_every"}
+
+
+def run_settings(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig) -> dict[str, Any]:
+    """Every setting that shapes a PPO run's steps, flat, as saved in its checkpoint."""
+    data = {k: getattr(run, k) for k in ("task", "data", "judge", "seed", "max_train_pairs")}
+    return {**data, **asdict(cfg), **ppo.to_dict()}
+
+
+def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Refuse a resume whose settings differ from the saved run's (naming each): the record must say what ran."""
+    diff = [f"--{k} {current[k]!r} (saved: {saved[k]!r})" for k in current
+            if k in saved and k not in RESUMABLE_CHANGES and saved[k] != current[k]]
+    if diff:
+        raise UserError(f"--resume with settings that differ from the saved run: {', '.join(diff)}; pass the saved "
+                        "values (only --steps and --save_every may change) or start a new --ppo_dir")
+
+
 def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeConfig) -> dict[str, Any]:
     task = run.start()
     rd = run.dir
     out = rd.ppo(resume.ppo_dir)
-    state = None
-    if resume.resume:
-        model, tok, state = out.load_checkpoint()
-    else:
-        model, tok = rd.load_sft()
-    ref_model, _ = rd.load_sft()
-    rm = rd.load_reward_model(tok)
-    trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
-                          ref_model=ref_model)
-    if state is not None:
-        trainer.load_state(state)
-    rows = read_jsonl(out.metrics) if state is not None and out.metrics.exists() else []
-    rows = [r for r in rows if r["step"] <= trainer.step_count]
-    logger = MetricLogger(out.path, tensorboard=True)
-    for r in rows:  # keep the history up to the checkpoint when resuming
-        logger.log(r["step"], {k: v for k, v in r.items() if k != "step"})
-    t0 = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc="ppo", disable=not run.progress, leave=False)
-    try:
-        while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
-            m = trainer.step()
-            logger.log(m["step"], m)
-            rows.append(m)
-            bar.update(1)
-            bar.set_postfix(score=f"{m['objective/score']:.2f}", gold=f"{m.get('objective/gold', 0):.2f}",
-                            kl=f"{m['objective/kl']:.2f}", refresh=False)
-            if cfg.save_every and trainer.step_count % cfg.save_every == 0:
-                out.save_checkpoint(trainer.policy.lm, trainer.tok, trainer.state())
-    finally:
-        bar.close()
-        logger.close()
-    out.save_checkpoint(trainer.policy.lm, trainer.tok, trainer.state())
-    rd.save_json(out.samples, trainer.last_samples)
-    plot_ppo_curves(rows, out.curves)
-    last = rows[-1] if rows else {}
-    step_s = sum(r["time/step_s"] for r in rows)
-    summary = {"stage": "ppo", "steps": trainer.step_count, "wall_s": time.perf_counter() - t0,
-               "stopped_by_kl_limit": trainer.stopped_by_kl_limit, "final_score": last.get("objective/score"),
-               "final_gold": last.get("objective/gold"), "final_kl": last.get("objective/kl"),
-               "final_beta": last.get("objective/beta"),
-               "episodes_per_s": cfg.batch_size * len(rows) / max(1e-9, step_s),
-               "config": asdict(cfg), "ppo": ppo.to_dict()}
-    rd.save_json(out.summary, summary)
+    settings = run_settings(run, cfg, ppo)
+    with out.lock():
+        state = None
+        if resume.resume:
+            model, tok, state = out.load_checkpoint()
+            check_resume_settings(state.get("settings", {}), settings)
+        else:
+            model, tok = rd.load_sft()
+        ref_model, _ = rd.load_sft()
+        rm = rd.load_reward_model(tok)
+        trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
+                              ref_model=ref_model)
+        if state is not None:
+            trainer.load_state(state)
+        # A resumed run keeps exactly the history up to its checkpoint's step.
+        rows = out.load_metrics(upto=trainer.step_count) if state is not None else []
+
+        def checkpoint() -> None:
+            logger.flush()  # first the history, so a kill right after the checkpoint leaves no hole in it
+            out.save_checkpoint(trainer.policy.lm, trainer.tok, {**trainer.state(), "settings": settings})
+
+        logger = MetricLogger(out.path, tensorboard=True, history=rows)
+        t0 = time.perf_counter()
+        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc="ppo", disable=not run.progress, leave=False)
+        try:
+            while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
+                m = trainer.step()
+                logger.log(m["step"], m)
+                rows.append(m)
+                bar.update(1)
+                bar.set_postfix(score=f"{m['objective/score']:.2f}", gold=f"{m.get('objective/gold', 0):.2f}",
+                                kl=f"{m['objective/kl']:.2f}", refresh=False)
+                if cfg.save_every and trainer.step_count % cfg.save_every == 0:
+                    checkpoint()
+            checkpoint()
+        finally:
+            bar.close()
+            logger.close()
+        out.save_policy(trainer.policy.lm, trainer.tok)
+        rd.save_json(out.samples, trainer.last_samples)
+        if rows:
+            plot_ppo_curves(rows, out.curves)
+        last = rows[-1] if rows else {}
+        step_s = sum(r["time/step_s"] for r in rows)
+        summary = {"stage": "ppo", "steps": trainer.step_count, "wall_s": time.perf_counter() - t0,
+                   "stopped_by_kl_limit": trainer.stopped_by_kl_limit, "final_score": last.get("objective/score"),
+                   "final_gold": last.get("objective/gold"), "final_kl": last.get("objective/kl"),
+                   "final_beta": last.get("objective/beta"),
+                   "episodes_per_s": cfg.batch_size * len(rows) / max(1e-9, step_s),
+                   "config": asdict(cfg), "ppo": ppo.to_dict()}
+        rd.save_json(out.summary, summary)
     return summary
 
 
@@ -285,6 +341,7 @@ class EvalConfig:
         self.policy_names = [p.strip() for p in self.policies.split(",") if p.strip()]
 
 
+@writes_run_dir
 def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
     task = run.start()
     rd = run.dir
