@@ -59,7 +59,24 @@ def ours_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> d
     return {"peer": "rlhf-toy", **s}
 
 
-RUNNERS = {"sb3": sb3_time_to_solve, "rlhf-toy": ours_time_to_solve}
+def population_wall(seeds: int, threads: int, total_steps: int = 100_000) -> dict[str, Any]:
+    """Wall time of a population of `seeds` agents (seeds 0..N-1), each trained for `total_steps`."""
+    import torch
+
+    from .population import train_population
+    from .train import CARTPOLE_PPO, TrainConfig
+
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        s = train_population(TrainConfig(total_steps=total_steps, threads=threads, out=out, progress=False,
+                                         tensorboard=False, plot=False), list(range(seeds)), CARTPOLE_PPO)["summary"]
+    return {"peer": f"population-{seeds}", "seeds": seeds, "wall_s": time.perf_counter() - t0,
+            "fraction_solved": s["fraction_solved"], "median_solved_step": s["solved_step"]["median"],
+            "median_eval_mean": s["eval_mean"]["median"]}
+
+
+RUNNERS = {"sb3": sb3_time_to_solve, "rlhf-toy": ours_time_to_solve, "population": population_wall}
 
 
 def run_in_subprocess(peer: str, seed: int, threads: int, total_steps: int) -> dict[str, Any]:
@@ -67,7 +84,7 @@ def run_in_subprocess(peer: str, seed: int, threads: int, total_steps: int) -> d
     # torch.optim imports torch._dynamo on the first optimizer (~0.65 s here); both peers pay it before
     # their clocks start, so the figure compares training, not a one-time import.
     code = ("import json, sys, torch._dynamo; from cartpole.bench import RUNNERS; "
-            f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps})))")
+            f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps})))")  # population: seed = N
     env_vars = {"OMP_NUM_THREADS": str(threads)}
     import os
 
@@ -108,3 +125,18 @@ def compare(seeds: list[int], peers: list[str], threads: int, total_steps: int) 
         ours, sb3 = report["rlhf-toy"]["median_solved_s"], report["sb3"]["median_solved_s"]
         report["ratio_time_to_solved_ours_over_sb3"] = ours / sb3
     return report
+
+
+def population_curve(sizes: list[int], threads: int, total_steps: int) -> dict[str, Any]:
+    """Wall time against population size, beside one single run (`cartpole train`) measured in the same session."""
+    single = run_in_subprocess("rlhf-toy", 0, threads, total_steps)
+    print(json.dumps(single), flush=True)
+    rows = []
+    for n in sizes:
+        r = run_in_subprocess("population", n, threads, total_steps)
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    base = single.get("wall_s")
+    return {"threads": threads, "total_steps_per_seed": total_steps, "single_run_wall_s": base,
+            "populations": [{**r, "ratio_to_single_run": r["wall_s"] / base if base and "wall_s" in r else None}
+                            for r in rows]}

@@ -58,7 +58,12 @@ def _watch(cfg: WatchConfig) -> int:
 
 
 def _train(cfg: TrainConfig, ppo: PPOConfig) -> int:
-    print(json.dumps(train(cfg, ppo)))
+    if cfg.seed_list is not None:  # a population: one agent per seed, one batched network
+        from .population import train_population
+
+        print(json.dumps(train_population(cfg, cfg.seed_list, ppo)["summary"]))
+    else:
+        print(json.dumps(train(cfg, ppo)))
     return 0
 
 

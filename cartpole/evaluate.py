@@ -1,4 +1,9 @@
-"""Deterministic (or sampled) evaluation of an agent over N episodes, all run at once in a vector env."""
+"""Deterministic (or sampled) evaluation of an agent over N episodes, all run at once in a vector env.
+
+Episode i is the env seeded `seed + i`, exactly as `gym.make(env_id).reset(seed=seed + i)` would play it one
+episode at a time (a sync vector env keeps one env, and one seed, per episode), but every step is one batched
+forward pass for all episodes.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import numpy as np
 import torch
 
 from .agent import MLPActorCritic
-from .envs import make_vec_env
+from .envs import AutoresetMode, make_vec_env
 
 
 def evaluate(agent: MLPActorCritic, env_id: str, n_episodes: int = 20, seed: int = 10_000,
@@ -15,7 +20,7 @@ def evaluate(agent: MLPActorCritic, env_id: str, n_episodes: int = 20, seed: int
 
     Each sub-env's first episode counts; the loop stops when all have finished (or after `max_steps`).
     """
-    envs = make_vec_env(env_id, n_episodes)
+    envs = make_vec_env(env_id, n_episodes, autoreset_mode=AutoresetMode.NEXT_STEP)  # sync: a seed per episode
     generator = torch.Generator().manual_seed(seed)
     try:
         obs, _ = envs.reset(seed=seed)

@@ -5,8 +5,9 @@
 - break_clip: PPO with the lesson's deliberately large updates (10x lr, 30 epochs, 25 x 2048 steps), clip 0.2
   against no clip.
 
-Every run uses the PPO core: REINFORCE its `discounted_returns` and `policy_gradient_loss`, PPO its `gae` and
-`ppo_update` through `cartpole.train`. Each experiment writes a markdown table, a CSV and a PNG of the
+Every run uses the PPO core: REINFORCE its `discounted_returns` and `policy_gradient_loss` (one process per
+seed), PPO its `gae` and the per-agent population update (`rlhf_toy.population`), all seeds of a variant as one
+population (`cartpole.population`). Each experiment writes a markdown table, a CSV and a PNG of the
 learning curves (mean across seeds, with a +/- 1 std band).
 """
 
@@ -101,14 +102,15 @@ class Run:
     wall_s: float
 
 
-def run_reinforce(variant: str, seed: int, episodes: int, baseline: bool) -> Run:
+def run_reinforce(variant: str, seeds: list[int], episodes: int, baseline: bool) -> list[Run]:
+    """REINFORCE runs one seed at a time (an update per finished episode does not batch across seeds)."""
     import torch
 
     from .reinforce import ReinforceConfig, train_reinforce
 
     torch.set_num_threads(1)
-    log = train_reinforce(ReinforceConfig(episodes=episodes, baseline=baseline, seed=seed))
-    return Run(variant, seed, log.returns, log.env_steps, log.wall_s)
+    logs = [train_reinforce(ReinforceConfig(episodes=episodes, baseline=baseline, seed=seed)) for seed in seeds]
+    return [Run(variant, seed, log.returns, log.env_steps, log.wall_s) for seed, log in zip(seeds, logs)]
 
 
 def lesson_train_config(seed: int, iterations: int, out: str) -> TrainConfig:
@@ -117,38 +119,54 @@ def lesson_train_config(seed: int, iterations: int, out: str) -> TrainConfig:
                        eval_every=0, eval_episodes=1, progress=False, tensorboard=False, plot=False, threads=1)
 
 
-def run_ppo(variant: str, seed: int, iterations: int, ppo: PPOConfig) -> Run:
-    from .train import run_training
+def run_ppo(variant: str, seeds: list[int], iterations: int, ppo: PPOConfig) -> list[Run]:
+    """Every seed's PPO run at once, as one population (one env per agent, as in the lesson). Each run's
+    `wall_s` is the population's wall time divided by the number of seeds."""
+    import torch
 
+    from .population import train_population
+
+    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        result = run_training(lesson_train_config(seed, iterations, out), ppo)
-    return Run(variant, seed, result.episode_returns, result.episode_steps, time.perf_counter() - t0)
+        trackers = train_population(lesson_train_config(seeds[0], iterations, out), seeds, ppo)["trackers"]
+        wall = (time.perf_counter() - t0) / len(seeds)
+    return [Run(variant, seed, t.all_returns, t.all_steps, wall) for seed, t in zip(seeds, trackers)]
 
 
 def experiment_jobs(name: str, seeds: int, tiny: bool) -> list[tuple[Any, tuple[Any, ...]]]:
-    """The (function, args) of every run of an experiment; variants alternate within each seed."""
+    """The (function, args) of every job of an experiment; each job returns a list of runs. PPO variants are one
+    population job each (all seeds at once); REINFORCE is one job per seed, so that workers share the load."""
     episodes = 10 if tiny else 500
     ppo_iters, break_iters = (2, 2) if tiny else (40, 25)
-    variants: dict[str, list[tuple[Any, tuple[Any, ...]]]] = {
-        "build": [(run_reinforce, ("REINFORCE + baseline", episodes, True)),
-                  (run_ppo, ("PPO", ppo_iters, LESSON_PPO))],
-        "break_baseline": [(run_reinforce, ("REINFORCE + baseline", episodes, True)),
-                           (run_reinforce, ("REINFORCE, no baseline", episodes, False))],
-        "break_clip": [(run_ppo, ("PPO, clip 0.2", break_iters, LESSON_BREAK_CLIP_PPO)),
-                       (run_ppo, ("PPO, no clip", break_iters, replace(LESSON_BREAK_CLIP_PPO, clip=False)))],
-    }
-    return [(fn, (args[0], seed, *args[1:])) for seed in range(seeds) for fn, args in variants[name]]
+    all_seeds = list(range(seeds))
+    ppo = lambda variant, iters, cfg: [(run_ppo, (variant, all_seeds, iters, cfg))]  # noqa: E731
+    reinforce = lambda variant, baseline: [(run_reinforce, (variant, [s], episodes, baseline))  # noqa: E731
+                                           for s in all_seeds]
+    return {
+        "build": ppo("PPO", ppo_iters, LESSON_PPO) + reinforce("REINFORCE + baseline", True),
+        "break_baseline": reinforce("REINFORCE + baseline", True) + reinforce("REINFORCE, no baseline", False),
+        "break_clip": ppo("PPO, clip 0.2", break_iters, LESSON_BREAK_CLIP_PPO)
+        + ppo("PPO, no clip", break_iters, replace(LESSON_BREAK_CLIP_PPO, clip=False)),
+    }[name]
+
+
+VARIANT_ORDER = {"build": ["REINFORCE + baseline", "PPO"],
+                 "break_baseline": ["REINFORCE + baseline", "REINFORCE, no baseline"],
+                 "break_clip": ["PPO, clip 0.2", "PPO, no clip"]}
 
 
 def run_experiment(name: str, cfg: LessonConfig) -> list[Run]:
     jobs = experiment_jobs(name, cfg.seeds, cfg.tiny)
     if cfg.workers == 1:
-        return [fn(*args) for fn, args in jobs]
-    # Spawned workers, one torch thread each: two busy processes with two threads would thrash 2 cores.
-    with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(fn, *args) for fn, args in jobs]
-        return [f.result() for f in futures]
+        results = [fn(*args) for fn, args in jobs]
+    else:
+        # Spawned workers, one torch thread each: two busy processes with two threads would thrash 2 cores.
+        with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(fn, *args) for fn, args in jobs]
+            results = [f.result() for f in futures]
+    runs = [run for result in results for run in result]
+    return sorted(runs, key=lambda r: (VARIANT_ORDER[name].index(r.variant), r.seed))
 
 
 COLUMNS = ["last20_mean", "last50_mean", "last50_std", "best", "episodes", "env_steps", "wall_s"]

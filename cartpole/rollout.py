@@ -31,6 +31,7 @@ class Episode:
     length: int
     env_step: int  # total env steps taken when it ended
     time_s: float  # perf_counter() when it ended
+    env: int = 0  # which sub-env of the vector env played it
 
 
 @dataclass
@@ -88,7 +89,8 @@ class RolloutCollector:
             if done.any():
                 now = time.perf_counter()
                 for i in np.flatnonzero(done):
-                    episodes.append(Episode(float(self.ep_return[i]), int(self.ep_length[i]), self.env_steps, now))
+                    episodes.append(Episode(float(self.ep_return[i]), int(self.ep_length[i]), self.env_steps, now,
+                                            int(i)))
                     if self.same_step and truncated[i]:
                         final_obs.append((t, int(i), info["final_obs"][i]))
                 self.ep_return[done], self.ep_length[done] = 0.0, 0

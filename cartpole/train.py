@@ -17,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rlhf_toy.advantages import gae
-from rlhf_toy.config import check, option
+from rlhf_toy.config import check, derived, option
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json, output_lock
 from rlhf_toy.logging import MetricLogger
@@ -66,6 +66,8 @@ class TrainConfig:
 
     env_id: str = option("Gymnasium id: a Discrete-action env with a flat Box observation.", "CartPole-v1")
     seed: int = option("Seed for the networks, the sampling and the envs.", 0)
+    seeds: str | None = option("Train a population instead, one agent per seed, in one process: 'A-B' (e.g. 0-31) "
+                               "or 'A,B,C'.", None)
     total_steps: int = option("Env steps to train for (summed over envs).", 100_000)
     num_envs: int = option("Envs stepped in parallel.", 16)
     n_steps: int = option("Steps per env per rollout; a batch holds num_envs x n_steps steps.", 32)
@@ -79,7 +81,10 @@ class TrainConfig:
     tensorboard: bool = option("Also log to TensorBoard when it is installed.", True)
     plot: bool = option("Save a learning-curve PNG at the end.", True)
 
+    seed_list: list[int] | None = derived()
+
     def __post_init__(self) -> None:
+        self.seed_list = parse_seeds(self.seeds) if self.seeds else None
         for name in ("total_steps", "num_envs", "n_steps", "hidden", "eval_episodes", "solved_window", "threads"):
             check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0 (0 evaluates only at the end)")
@@ -88,11 +93,30 @@ class TrainConfig:
               f"at least one rollout (num_envs x n_steps = {rollout}); or lower --n_steps")
 
 
+def parse_seeds(text: str) -> list[int]:
+    """'0-31' -> [0, 1, ..., 31]; '3,5,8' -> [3, 5, 8]. A bad spec is a one-line `UserError`."""
+    try:
+        if "-" in text.strip("-"):
+            lo, hi = (int(x) for x in text.split("-", 1))
+            seeds = list(range(lo, hi + 1))
+        else:
+            seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    check(bool(seeds) and len(set(seeds)) == len(seeds), "seeds", text,
+          "a range such as 0-31 or distinct integers such as 0,1,5")
+    return seeds
+
+
 class SolvedTracker:
-    """Finds the first moment the mean of the last `window` finished episodes reaches `threshold`."""
+    """Finds the first moment the mean of the last `window` finished episodes reaches `threshold`.
+
+    Its clock measures training: time spent in evaluations and checkpoint saves (`pause`) is not counted.
+    """
 
     def __init__(self, threshold: float | None, window: int, t0: float) -> None:
         self.threshold, self.t0 = threshold, t0
+        self.paused_s = 0.0
         self.recent: deque[float] = deque(maxlen=window)
         self.all_returns: list[float] = []
         self.all_steps: list[int] = []
@@ -106,7 +130,11 @@ class SolvedTracker:
             self.all_steps.append(ep.env_step)
             if (self.solved_step is None and self.threshold is not None and len(self.recent) == self.recent.maxlen
                     and np.mean(self.recent) >= self.threshold):
-                self.solved_step, self.solved_s = ep.env_step, ep.time_s - self.t0
+                self.solved_step, self.solved_s = ep.env_step, ep.time_s - self.t0 - self.paused_s
+
+    def pause(self, seconds: float) -> None:
+        """Time spent outside training (evaluating, saving): not counted in `solved_s` from now on."""
+        self.paused_s += seconds
 
     def mean(self) -> float | None:
         return float(np.mean(self.recent)) if self.recent else None
@@ -128,17 +156,23 @@ def train(cfg: TrainConfig, ppo: PPOConfig | None = None) -> dict[str, Any]:
 def run_training(cfg: TrainConfig, ppo: PPOConfig | None = None) -> TrainResult:
     """`train`, returning the agent and the episode history as well."""
     ppo = ppo or CARTPOLE_PPO
+    iterations = count_iterations(cfg, ppo)
+    with output_lock(cfg.out, "CartPole run"):
+        return _run_training(cfg, ppo, iterations)
+
+
+def count_iterations(cfg: TrainConfig, ppo: PPOConfig) -> int:
+    """Rollouts to run. Whole rollouts only: at least total_steps, as Stable-Baselines3 does, said when rounding
+    up; a minibatch larger than a rollout is refused."""
     rollout = cfg.num_envs * cfg.n_steps
     if ppo.minibatch_size > rollout:
         raise UserError(f"minibatch_size ({ppo.minibatch_size}) is larger than the batch (num_envs x n_steps = "
                         f"{rollout}); lower --minibatch_size or raise --n_steps")
-    # Whole rollouts only: train at least total_steps, as Stable-Baselines3 does, and say so when rounding up.
     iterations = -(-cfg.total_steps // rollout)
     if iterations * rollout != cfg.total_steps:
         print(f"note: training {iterations * rollout} env steps: {iterations} rollouts of num_envs x n_steps = "
               f"{rollout} (--total_steps {cfg.total_steps} rounded up)", file=sys.stderr)
-    with output_lock(cfg.out, "CartPole run"):
-        return _run_training(cfg, ppo, iterations)
+    return iterations
 
 
 def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainResult:
@@ -175,12 +209,14 @@ def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainRes
             row.update({"charts/episodic_return": solved.mean(), "charts/episodes": len(solved.all_returns),
                         "charts/SPS": step / (time.perf_counter() - t0)})
             if cfg.eval_every and step >= next_eval and it < iterations - 1:
+                t_eval = time.perf_counter()
                 next_eval += cfg.eval_every
                 eval_mean = float(np.mean(evaluate(agent, cfg.env_id, cfg.eval_episodes, seed=cfg.seed + 10_000)))
                 row["eval/mean_return"] = eval_mean
                 if eval_mean >= best_eval:
                     best_eval = eval_mean
                     save_agent(out / "best.pt", agent, {**meta, "env_steps": step, "eval_mean": eval_mean})
+                solved.pause(time.perf_counter() - t_eval)
             logger.log(step, row)
             bar.update(cfg.num_envs * cfg.n_steps)
             bar.set_postfix(ret=f"{solved.mean() or 0:.0f}", refresh=False)
@@ -190,6 +226,7 @@ def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainRes
         logger.close()
 
     wall_s = time.perf_counter() - t0
+    train_s = wall_s - solved.paused_s
     final_returns = evaluate(agent, cfg.env_id, cfg.eval_episodes, seed=cfg.seed + 10_000)
     eval_mean = float(np.mean(final_returns))
     save_agent(out / "final.pt", agent, {**meta, "env_steps": collector.env_steps, "eval_mean": eval_mean})
@@ -198,6 +235,7 @@ def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainRes
         best_eval = eval_mean
     summary = {
         "seed": cfg.seed, "env_id": cfg.env_id, "env_steps": collector.env_steps, "wall_s": round(wall_s, 3),
+        "train_s": round(train_s, 3),
         "solved_step": solved.solved_step,
         "solved_s": None if solved.solved_s is None else round(solved.solved_s, 3),
         "last20_mean": None if not solved.all_returns else float(np.mean(solved.all_returns[-20:])),

@@ -110,6 +110,51 @@ def current_schedule(cfg: PPOConfig, progress: float) -> tuple[float, float | No
     return lr, clip
 
 
+def set_learning_rates(optimizer: torch.optim.Optimizer, lr: float,
+                       lr_scales: Sequence[float] | None = None) -> list[Tensor]:
+    """Set each param group's lr to `lr` times its scale (default 1); returns all the parameters."""
+    scales = [1.0] * len(optimizer.param_groups) if lr_scales is None else list(lr_scales)
+    if len(scales) != len(optimizer.param_groups):
+        raise ValueError(f"lr_scales has {len(scales)} values for {len(optimizer.param_groups)} param groups")
+    for group, scale in zip(optimizer.param_groups, scales):
+        group["lr"] = lr * scale
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+
+
+def minibatch(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
+    """The samples `idx` of a batch (every field, observations of any structure)."""
+    return RolloutBatch(index_observations(batch.observations, idx), batch.actions[idx], batch.logprobs[idx],
+                        batch.values[idx], batch.advantages[idx], batch.returns[idx],
+                        None if batch.mask is None else batch.mask[idx])
+
+
+def minibatch_loss(logprobs: Tensor, entropy: Tensor, values: Tensor, mb: RolloutBatch, cfg: PPOConfig,
+                   clip_range: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's loss on one minibatch, from the policy's fresh `(logprobs, entropy, values)` (each `[b, *S]`).
+
+    Advantages are normalized over the minibatch's real steps (if enabled), then: clipped surrogate
+    + vf_coef * (clipped) value loss - ent_coef * entropy. Returns the scalar loss and its parts
+    (`policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`; diagnostics detached).
+    A pure function of tensors: `torch.vmap` runs it per agent for a population (`rlhf_toy.population`).
+    """
+    advantages = mb.advantages
+    if cfg.normalize_advantages and advantages.numel() > 1:
+        advantages = masked_whiten(advantages, mb.mask)
+    pg = clipped_policy_loss(logprobs, mb.logprobs, advantages, clip_range, mb.mask)
+    v_loss = value_loss(values, mb.values, mb.returns, cfg.clip_range_vf, mb.mask)
+    loss = pg.loss + cfg.vf_coef * v_loss
+    if cfg.ent_coef > 0:
+        ent = masked_mean(entropy, mb.mask)
+        loss = loss - cfg.ent_coef * ent
+    else:  # keep the entropy out of the graph: a backward pass through it costs time for nothing
+        ent = masked_mean(entropy.detach(), mb.mask)
+    return loss, {"policy_loss": pg.loss, "value_loss": v_loss, "entropy": ent, "approx_kl": pg.approx_kl,
+                  "clip_fraction": pg.clip_fraction}
+
+
 def ppo_update(
     policy: Any,
     optimizer: torch.optim.Optimizer,
@@ -129,45 +174,26 @@ def ppo_update(
     its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
     """
     lr, clip_range = current_schedule(cfg, progress)
-    scales = [1.0] * len(optimizer.param_groups) if lr_scales is None else list(lr_scales)
-    if len(scales) != len(optimizer.param_groups):
-        raise ValueError(f"lr_scales has {len(scales)} values for {len(optimizer.param_groups)} param groups")
-    for group, scale in zip(optimizer.param_groups, scales):
-        group["lr"] = lr * scale
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = set_learning_rates(optimizer, lr, lr_scales)
 
     n = batch.actions.shape[0]
-    keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-    stats: dict[str, list[Tensor]] = {k: [] for k in keys}
+    stats: dict[str, list[Tensor]] = {k: [] for k in STAT_KEYS}
     early_stop, epochs_done = False, 0
     for _epoch in range(cfg.n_epochs):
         for idx in torch.randperm(n, generator=generator).split(cfg.minibatch_size):
-            mask = None if batch.mask is None else batch.mask[idx]
-            observations = index_observations(batch.observations, idx)
-            logprobs, entropy, values = policy.evaluate(observations, batch.actions[idx])
-            advantages = batch.advantages[idx]
-            if cfg.normalize_advantages and advantages.numel() > 1:
-                advantages = masked_whiten(advantages, mask)
-            pg = clipped_policy_loss(logprobs, batch.logprobs[idx], advantages, clip_range, mask)
-            if cfg.target_kl is not None and pg.approx_kl.item() > 1.5 * cfg.target_kl:
+            mb = minibatch(batch, idx)
+            logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
+            loss, parts = minibatch_loss(logprobs, entropy, values, mb, cfg, clip_range)
+            if cfg.target_kl is not None and parts["approx_kl"].item() > 1.5 * cfg.target_kl:
                 early_stop = True  # this minibatch already moved too far: stop before stepping on it
                 break
-            v_loss = value_loss(values, batch.values[idx], batch.returns[idx], cfg.clip_range_vf, mask)
-            loss = pg.loss + cfg.vf_coef * v_loss
-            if cfg.ent_coef > 0:
-                ent = masked_mean(entropy, mask)
-                loss = loss - cfg.ent_coef * ent
-            else:  # keep the entropy out of the graph: a backward pass through it costs time for nothing
-                ent = masked_mean(entropy.detach(), mask)
-
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
-            for k, v in (("policy_loss", pg.loss), ("value_loss", v_loss), ("entropy", ent),
-                         ("approx_kl", pg.approx_kl), ("clip_fraction", pg.clip_fraction)):
-                stats[k].append(v.detach())
+            for k in STAT_KEYS:
+                stats[k].append(parts[k].detach())
         if early_stop:
             break
         epochs_done += 1

@@ -1,0 +1,218 @@
+"""A population of CartPole agents trained as one batched network: `cartpole train --seeds 0-31`.
+
+Agent k starts from exactly the network a single run with seed k builds, samples its actions and shuffles its
+minibatches with its own generator seeded k, and is updated by the core's population update (its own
+advantage normalization, gradient clip and KL early stop). Its layers run as batched matmuls over the stacked
+weights (`torch.baddbmm`), which give the same numbers as `nn.Linear` on one agent.
+
+What differs from N single runs: the N x num_envs environments are one gymnasium vector env (one call steps
+them all, the reason a population is fast), and CartPole's native vector env draws every sub-env's start and
+reset states from one random generator, seeded with the first seed. So agent k meets other start states than a
+single run with seed k, and a population's results are reproducible as a whole (same seeds, same numbers),
+not seed by seed. A population of one is exactly a single run (tests/test_population.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlhf_toy.advantages import gae
+from rlhf_toy.io import atomic_write_json, output_lock
+from rlhf_toy.logging import MetricLogger
+from rlhf_toy.population import population_ppo_update
+from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer
+from rlhf_toy.seeding import seed_everything
+
+from .agent import MLPActorCritic, save_agent
+from .envs import make_vec_env, reward_threshold
+from .rollout import RolloutCollector
+from .train import SolvedTracker, TrainConfig, count_iterations
+
+
+class StackedMLP(nn.Module):
+    """N copies of `agent.mlp`'s architecture with their weights stacked: `[N, B, n_in] -> [N, B, n_out]`."""
+
+    def __init__(self, mlps: list[nn.Sequential]) -> None:
+        super().__init__()
+        linears = [[m for m in mlp if isinstance(m, nn.Linear)] for mlp in mlps]
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.stack([ls[i].weight.detach() for ls in linears])) for i in range(len(linears[0]))])
+        self.biases = nn.ParameterList(
+            [nn.Parameter(torch.stack([ls[i].bias.detach() for ls in linears]).unsqueeze(1))
+             for i in range(len(linears[0]))])
+
+    def forward(self, x: Tensor) -> Tensor:
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(b, x, w.transpose(1, 2))  # the same numbers as nn.Linear, agent by agent
+            if i < last:
+                x = torch.tanh(x)
+        return x
+
+
+class PopulationMLPActorCritic(nn.Module):
+    """N `MLPActorCritic`s as one module. `evaluate` takes `[N, b, ...]`; `act`/`value` take the flat
+    `[N * E, obs_dim]` observations of one vector env whose sub-envs are grouped by agent."""
+
+    def __init__(self, agents: list[MLPActorCritic]) -> None:
+        super().__init__()
+        self.n = len(agents)
+        self.obs_dim, self.n_actions, self.hidden = agents[0].obs_dim, agents[0].n_actions, agents[0].hidden
+        self.actor = StackedMLP([a.actor for a in agents])
+        self.critic = StackedMLP([a.critic for a in agents])
+
+    def _by_agent(self, obs: Tensor) -> Tensor:
+        return obs.reshape(self.n, -1, obs.shape[-1])
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`obs [N, b, obs_dim]`, `actions [N, b]` -> `(log pi(a|s), entropy, V(s))`, each `[N, b]`."""
+        log_pi = torch.log_softmax(self.actor(obs), dim=-1)
+        logprobs = log_pi.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_pi.exp() * log_pi).sum(-1)
+        return logprobs, entropy, self.critic(obs).squeeze(-1)
+
+    def value(self, obs: Tensor) -> Tensor:
+        return self.critic(self._by_agent(obs)).reshape(-1)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, generators: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor]:
+        """Each agent samples for its own sub-envs with its own generator: flat `[N * E]` outputs."""
+        log_pi = torch.log_softmax(self.actor(self._by_agent(obs)), dim=-1)
+        probs = log_pi.exp()
+        actions = torch.stack([torch.multinomial(probs[k], 1, generator=g).squeeze(-1)
+                               for k, g in enumerate(generators)])
+        logprobs = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return actions.reshape(-1), logprobs.reshape(-1), self.value(obs)
+
+    @torch.no_grad()
+    def predict(self, obs: np.ndarray) -> np.ndarray:
+        """The most probable action for flat `[N * E, obs_dim]` observations (deterministic evaluation)."""
+        x = torch.as_tensor(np.asarray(obs), dtype=torch.float32)
+        return self.actor(self._by_agent(x)).argmax(-1).reshape(-1).numpy()
+
+    def agent(self, k: int) -> MLPActorCritic:
+        """Agent k as a plain `MLPActorCritic` (to save, load, evaluate or watch)."""
+        single = MLPActorCritic(self.obs_dim, self.n_actions, self.hidden)
+        for stacked, mlp in ((self.actor, single.actor), (self.critic, single.critic)):
+            linears = [m for m in mlp if isinstance(m, nn.Linear)]
+            with torch.no_grad():
+                for lin, w, b in zip(linears, stacked.weights, stacked.biases):
+                    lin.weight.copy_(w[k])
+                    lin.bias.copy_(b[k, 0])
+        return single.eval()
+
+
+def by_agent(x: Tensor, n: int) -> Tensor:
+    """Time-major `[T, N * E, ...]` -> `[N, T * E, ...]`, each agent's steps in a single run's order."""
+    T, NE = x.shape[:2]
+    return x.reshape(T, n, NE // n, *x.shape[2:]).transpose(0, 1).reshape(n, T * (NE // n), *x.shape[2:])
+
+
+def evaluate_population(policy: PopulationMLPActorCritic, env_id: str, n_episodes: int, seed: int,
+                        max_steps: int = 100_000) -> np.ndarray:
+    """Deterministic returns `[N, n_episodes]`: every agent's episodes in one vector env, one forward a step."""
+    envs = make_vec_env(env_id, policy.n * n_episodes)
+    try:
+        obs, _ = envs.reset(seed=seed)
+        returns = np.zeros(policy.n * n_episodes)
+        running = np.ones_like(returns, dtype=bool)
+        for _ in range(max_steps):
+            obs, reward, terminated, truncated, _ = envs.step(policy.predict(obs).astype(np.int64))
+            returns += reward * running
+            running &= ~(terminated | truncated)
+            if not running.any():
+                break
+    finally:
+        envs.close()
+    return returns.reshape(policy.n, n_episodes)
+
+
+def build_population(seeds: list[int], obs_dim: int, n_actions: int, hidden: int,
+                     threads: int) -> tuple[PopulationMLPActorCritic, list[torch.Generator]]:
+    """Agent k and its generator exactly as a single run with seed k builds them."""
+    agents, generators = [], []
+    for seed in seeds:
+        generators.append(seed_everything(seed, threads))
+        agents.append(MLPActorCritic(obs_dim, n_actions, hidden))
+    return PopulationMLPActorCritic(agents), generators
+
+
+def distribution(values: list[float | None]) -> dict[str, float | None]:
+    """Median and interquartile range of the values that exist (None where no seed has one)."""
+    xs = np.array([v for v in values if v is not None], dtype=float)
+    if len(xs) == 0:
+        return {"median": None, "q25": None, "q75": None}
+    q25, med, q75 = np.percentile(xs, [25, 50, 75])
+    return {"median": float(med), "q25": float(q25), "q75": float(q75)}
+
+
+def train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig) -> dict[str, Any]:
+    """Train one agent per seed in one process; write `seed_K/final.pt` per agent and `summary.json`."""
+    iterations = count_iterations(cfg, ppo)
+    with output_lock(cfg.out, "CartPole run"):
+        return _train_population(cfg, seeds, ppo, iterations)
+
+
+def _train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterations: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    N = len(seeds)
+    envs = make_vec_env(cfg.env_id, N * cfg.num_envs)
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    policy, generators = build_population(seeds, obs_dim, n_actions, cfg.hidden, cfg.threads)
+    optimizer = make_optimizer(policy.parameters(), ppo)
+    collector = RolloutCollector(envs, seeds[0])
+    out = Path(cfg.out)
+    logger = MetricLogger(out, tensorboard=cfg.tensorboard)
+    threshold = reward_threshold(cfg.env_id)
+    trackers = [SolvedTracker(threshold, cfg.solved_window, t0) for _ in seeds]
+    try:
+        for it in range(iterations):
+            r = collector.collect(policy, cfg.n_steps, generators)
+            for ep in r.episodes:  # sub-envs are grouped by agent; each agent's steps are 1/N of the total
+                trackers[ep.env // cfg.num_envs].add([replace(ep, env_step=ep.env_step // N)])
+            advantages, returns = gae(r.rewards, r.values, r.next_values, r.terminated, r.truncated,
+                                      gamma=ppo.gamma, lam=ppo.gae_lambda, mask=r.mask)
+            batch = RolloutBatch(by_agent(r.observations, N), by_agent(r.actions, N), by_agent(r.logprobs, N),
+                                 by_agent(r.values, N), by_agent(advantages, N), by_agent(returns, N),
+                                 by_agent(r.mask, N))
+            stats = population_ppo_update(policy, optimizer, batch, ppo, generators=generators,
+                                          progress=it / iterations)
+            means = [t.mean() for t in trackers]
+            row = {f"losses/{k}": float(v.nanmedian()) for k, v in stats.items()}
+            row.update({"charts/episodic_return_median": distribution(means)["median"],
+                        "charts/solved_fraction": sum(t.solved_step is not None for t in trackers) / N,
+                        "charts/SPS": collector.env_steps / (time.perf_counter() - t0)})
+            logger.log(collector.env_steps // N, row)
+    finally:
+        envs.close()
+        logger.close()
+    wall_s = time.perf_counter() - t0
+    evals = evaluate_population(policy, cfg.env_id, cfg.eval_episodes, seeds[0] + 10_000)
+    per_seed = []
+    for k, (seed, tracker) in enumerate(zip(seeds, trackers)):
+        meta = {"env_id": cfg.env_id, "train": asdict(cfg), "ppo": ppo.to_dict(), "seed": seed,
+                "population": seeds, "env_steps": collector.env_steps // N, "eval_mean": float(evals[k].mean())}
+        save_agent(out / f"seed_{seed}" / "final.pt", policy.agent(k), meta)
+        per_seed.append({"seed": seed, "solved_step": tracker.solved_step,
+                         "solved_s": None if tracker.solved_s is None else round(tracker.solved_s, 3),
+                         "last20_mean": None if not tracker.all_returns else float(np.mean(tracker.all_returns[-20:])),
+                         "eval_mean": float(evals[k].mean()), "episodes": len(tracker.all_returns)})
+    summary = {
+        "env_id": cfg.env_id, "seeds": seeds, "env_steps_per_seed": collector.env_steps // N,
+        "wall_s": round(wall_s, 3),
+        "fraction_solved": sum(s["solved_step"] is not None for s in per_seed) / N,
+        "solved_s": distribution([s["solved_s"] for s in per_seed]),
+        "solved_step": distribution([s["solved_step"] for s in per_seed]),
+        "last20_mean": distribution([s["last20_mean"] for s in per_seed]),
+        "eval_mean": distribution([s["eval_mean"] for s in per_seed]),
+        "per_seed": per_seed,
+    }
+    atomic_write_json(out / "summary.json", summary)
+    return {"summary": summary, "policy": policy, "trackers": trackers}

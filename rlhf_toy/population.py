@@ -1,0 +1,118 @@
+"""PPO for a population: N independent agents whose parameters are stacked on a leading dimension and trained
+as one batched program (PureJaxRL's idea, in torch on a CPU).
+
+The policy holds every parameter as `[N, ...]` and evaluates `[N, b, ...]` minibatches at once (e.g. with
+batched matmuls). `population_ppo_update` runs the core's own minibatch loss (`rlhf_toy.ppo.minibatch_loss`)
+per agent under `torch.vmap`, so each agent gets what `ppo_update` would give it alone: its own minibatch
+order (its own generator), its own advantage normalization, its own gradient-norm clip, its own KL early stop,
+and its own Adam moments (Adam is elementwise, so one Adam over stacked tensors is N Adams). One difference:
+Adam's step count is shared, so with `target_kl` an agent that stopped early counts the skipped steps in its
+bias correction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .losses import explained_variance
+from .ppo import STAT_KEYS, PPOConfig, RolloutBatch, current_schedule, minibatch_loss, set_learning_rates
+
+
+class PopulationActorCritic(Protocol):
+    """`evaluate(observations [N, b, ...], actions [N, b]) -> (logprobs, entropy, values)`, each `[N, b]`;
+    every parameter has the population on its first dimension."""
+
+    def evaluate(self, observations: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+def per_agent(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
+    """Samples `idx [N, b]` of each agent from a population batch whose fields are `[N, n, ...]`."""
+    rows = torch.arange(idx.shape[0]).unsqueeze(1)
+    pick = lambda x: x[rows, idx]  # noqa: E731
+    mask = batch.mask if batch.mask is not None else torch.ones_like(batch.advantages, dtype=torch.bool)
+    return RolloutBatch(pick(batch.observations), pick(batch.actions), pick(batch.logprobs), pick(batch.values),
+                        pick(batch.advantages), pick(batch.returns), pick(mask))
+
+
+def clip_grad_norm_per_agent(params: Sequence[Tensor], max_norm: float) -> Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for each agent separately: `[N, ...]` grads; returns the norms `[N]`."""
+    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in params]).norm(dim=0)
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(coef.view(-1, *[1] * (p.dim() - 1)))
+    return norms
+
+
+def step_agents(optimizer: torch.optim.Optimizer, params: Sequence[Tensor], active: Tensor) -> None:
+    """`optimizer.step()` for the agents where `active [N]` is set; the others keep their parameters and moments."""
+    if bool(active.all()):
+        optimizer.step()
+        return
+    keep = ~active
+    saved = [(p, p.detach()[keep].clone(), {k: v[keep].clone() for k, v in optimizer.state[p].items()
+                                            if torch.is_tensor(v) and v.dim() > 0}) for p in params]
+    optimizer.step()
+    with torch.no_grad():
+        for p, old, state in saved:
+            p[keep] = old
+            for k, v in state.items():
+                optimizer.state[p][k][keep] = v
+
+
+def population_ppo_update(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    cfg: PPOConfig,
+    *,
+    generators: Sequence[torch.Generator],
+    progress: float = 0.0,
+    lr_scales: Sequence[float] | None = None,
+) -> dict[str, Tensor]:
+    """`ppo_update` for each of N agents at once. `batch` fields are `[N, n, ...]`; `generators[k]` shuffles
+    agent k's minibatches. Returns each diagnostic of `ppo_update` as an `[N]` tensor."""
+    lr, clip_range = current_schedule(cfg, progress)
+    params = set_learning_rates(optimizer, lr, lr_scales)
+    N, n = batch.actions.shape[:2]
+    loss_fn = torch.vmap(lambda lp, ent, v, mb: minibatch_loss(lp, ent, v, mb, cfg, clip_range))
+    active = torch.ones(N, dtype=torch.bool)  # agents still updating (each stops at its own KL limit)
+    epochs_done = torch.zeros(N)
+    sums = {k: torch.zeros(N) for k in STAT_KEYS}
+    steps = torch.zeros(N)
+    for _epoch in range(cfg.n_epochs):
+        # Each agent draws its own order; an agent that stopped draws nothing, as its single run would not.
+        perms = torch.stack([torch.randperm(n, generator=g) if a else torch.arange(n)
+                             for g, a in zip(generators, active.tolist())])
+        for idx in perms.split(cfg.minibatch_size, dim=1):
+            mb = per_agent(batch, idx)
+            logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
+            losses, parts = loss_fn(logprobs, entropy, values, mb)
+            if cfg.target_kl is not None:
+                active = active & ~(parts["approx_kl"] > 1.5 * cfg.target_kl)
+                if not bool(active.any()):
+                    break
+            optimizer.zero_grad(set_to_none=True)
+            (losses * active).sum().backward()  # disjoint parameters: agent k's gradient is its own loss's
+            if cfg.max_grad_norm is not None:
+                clip_grad_norm_per_agent(params, cfg.max_grad_norm)
+            step_agents(optimizer, params, active)
+            for k in STAT_KEYS:
+                sums[k] += torch.where(active, parts[k].detach(), 0.0)
+            steps += active
+        epochs_done += active
+        if not bool(active.any()):
+            break
+    out = {k: sums[k] / steps for k in STAT_KEYS}  # NaN for an agent that never stepped, as ppo_update's
+    mask = batch.mask
+    out.update(
+        explained_variance=torch.tensor([explained_variance(batch.values[k], batch.returns[k],
+                                                            None if mask is None else mask[k]) for k in range(N)]),
+        learning_rate=torch.full((N,), lr),
+        clip_range=torch.full((N,), float("nan") if clip_range is None else clip_range),
+        epochs=epochs_done, early_stop=(~active).float(), gradient_steps=steps,
+    )
+    return out

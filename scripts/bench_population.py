@@ -1,0 +1,19 @@
+#!/usr/bin/env python
+"""Wall time of CartPole populations (N agents as one batched network, 100k env steps each) against one
+single run, each in a fresh process, in one session:
+
+    python scripts/bench_population.py --sizes 1 4 16 32 128 --threads 1
+"""
+
+import argparse
+import json
+
+from cartpole.bench import population_curve
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 32, 128])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--total-steps", type=int, default=100_000)
+    a = p.parse_args()
+    print(json.dumps(population_curve(a.sizes, a.threads, a.total_steps), indent=2))

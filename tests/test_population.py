@@ -1,0 +1,162 @@
+"""Populations: N agents as one batched network, updated per agent by the core (rlhf_toy.population)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cartpole.agent import MLPActorCritic
+from cartpole.envs import make_vec_env
+from cartpole.population import build_population, by_agent, train_population
+from cartpole.rollout import RolloutCollector
+from cartpole.train import CARTPOLE_PPO, TrainConfig, cartpole_ppo_config, run_training
+from rlhf_toy.advantages import gae
+from rlhf_toy.population import clip_grad_norm_per_agent, population_ppo_update
+from rlhf_toy.ppo import RolloutBatch, make_optimizer, ppo_update
+from rlhf_toy.seeding import seed_everything
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quick(tmp_path, **kw):
+    return TrainConfig(**{"total_steps": 4096, "out": str(tmp_path), "progress": False, "tensorboard": False,
+                          "plot": False, "eval_every": 0, "eval_episodes": 3, **kw})
+
+
+def rollout_batch(seed, agent, generator, population=None):
+    """One rollout of 16 CartPole envs x 32 steps as a single run's flat batch (or a population's `[1, n]`)."""
+    envs = make_vec_env("CartPole-v1", 16)
+    r = RolloutCollector(envs, seed).collect(population or agent, 32, generator)
+    envs.close()
+    adv, ret = gae(r.rewards, r.values, r.next_values, r.terminated, r.truncated, gamma=0.98, lam=0.8, mask=r.mask)
+    fields = (r.observations, r.actions, r.logprobs, r.values, adv, ret, r.mask)
+    if population is not None:
+        return RolloutBatch(*[by_agent(x, 1) for x in fields])
+    return RolloutBatch(*[x.reshape(-1, *x.shape[2:]) for x in fields])
+
+
+def test_a_population_of_one_starts_and_steps_as_a_single_run():
+    g = seed_everything(3, 1)
+    agent = MLPActorCritic(4, 2)
+    pop, gens = build_population([3], 4, 2, 64, 1)
+    for a, b in zip(agent.parameters(), pop.agent(0).parameters()):
+        assert torch.equal(a, b)  # the same initial network ...
+    single, stacked = rollout_batch(3, agent, g), rollout_batch(3, None, gens, population=pop)
+    for a, b in zip(single, stacked):
+        assert torch.equal(a, b[0])  # ... the same first rollout, action for action ...
+    s1 = ppo_update(agent, make_optimizer(agent.parameters(), CARTPOLE_PPO), single, CARTPOLE_PPO, generator=g)
+    s2 = population_ppo_update(pop, make_optimizer(pop.parameters(), CARTPOLE_PPO), stacked, CARTPOLE_PPO,
+                               generators=gens)
+    for a, b in zip(agent.parameters(), pop.agent(0).parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)  # ... and the same update, to float rounding
+    for k in ("policy_loss", "value_loss", "approx_kl", "clip_fraction", "gradient_steps", "epochs"):
+        assert s2[k][0].item() == pytest.approx(s1[k], rel=1e-5, abs=1e-7)
+
+
+def test_each_agent_is_updated_as_the_core_updates_it_alone():
+    """Three agents, three different batches and generators: the population update equals three ppo_updates."""
+    seeds = [0, 1, 2]
+    pop, gens = build_population(seeds, 4, 2, 64, 1)
+    singles = [pop.agent(k).train() for k in range(3)]
+    cfg = cartpole_ppo_config(n_epochs=3, minibatch_size=128)
+    batches = [rollout_batch(10 + k, singles[k], torch.Generator().manual_seed(k)) for k in range(3)]
+    stacked = RolloutBatch(*[torch.stack(f) for f in zip(*batches)])
+    stats = population_ppo_update(pop, make_optimizer(pop.parameters(), cfg), stacked, cfg, progress=0.3,
+                                  generators=[torch.Generator().manual_seed(100 + k) for k in range(3)])
+    for k, (agent, batch) in enumerate(zip(singles, batches)):
+        s = ppo_update(agent, make_optimizer(agent.parameters(), cfg), batch, cfg, progress=0.3,
+                       generator=torch.Generator().manual_seed(100 + k))
+        for a, b in zip(agent.parameters(), pop.agent(k).parameters()):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        assert stats["policy_loss"][k].item() == pytest.approx(s["policy_loss"], rel=1e-5, abs=1e-7)
+
+
+def test_per_agent_gradient_clip_equals_torchs_clip_on_each_agent():
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 5, 4) * torch.tensor([0.01, 1.0, 10.0]).view(3, 1, 1), torch.randn(3, 7)]
+    params = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    clip_grad_norm_per_agent(params, 0.5)
+    for k in range(3):
+        ref = [nn.Parameter(torch.zeros_like(g[k])) for g in grads]
+        for p, g in zip(ref, grads):
+            p.grad = g[k].clone()
+        torch.nn.utils.clip_grad_norm_(ref, 0.5)
+        for p, r in zip(params, ref):
+            torch.testing.assert_close(p.grad[k], r.grad)
+
+
+def test_kl_early_stop_is_per_agent():
+    pop, gens = build_population([0, 1], 4, 2, 64, 1)
+    batches = [rollout_batch(20 + k, pop.agent(k), torch.Generator().manual_seed(k)) for k in range(2)]
+    stacked = RolloutBatch(*[torch.stack(f) for f in zip(*batches)])
+    cfg = cartpole_ppo_config(learning_rate=0.05, anneal_lr=False, n_epochs=20, target_kl=0.002)
+    before = [p.detach().clone() for p in pop.parameters()]
+    stats = population_ppo_update(pop, make_optimizer(pop.parameters(), cfg), stacked, cfg, generators=gens)
+    assert stats["early_stop"].tolist() == [1.0, 1.0] and (stats["epochs"] < 20).all()
+    assert all(not torch.equal(a, b) for a, b in zip(before, pop.parameters()))
+
+
+def test_population_learns_on_the_default_budget_and_saves_each_agent(tmp_path):
+    from cartpole.agent import load_agent
+
+    s = train_population(quick(tmp_path, total_steps=100_000), [0, 1, 2], CARTPOLE_PPO)["summary"]
+    assert s["fraction_solved"] == 1.0 and len(s["per_seed"]) == 3
+    assert s["last20_mean"]["median"] >= 475 and s["eval_mean"]["median"] >= 475
+    agent, meta = load_agent(tmp_path / "seed_2" / "final.pt")
+    assert meta["seed"] == 2 and meta["population"] == [0, 1, 2]
+
+
+def test_population_is_reproducible(tmp_path):
+    runs = [train_population(quick(tmp_path / r), [4, 7], CARTPOLE_PPO) for r in "ab"]
+    a, b = ([{k: v for k, v in p.items() if k != "solved_s"} for p in r["summary"]["per_seed"]] for r in runs)
+    assert a == b
+    for x, y in zip(runs[0]["policy"].parameters(), runs[1]["policy"].parameters()):
+        assert torch.equal(x, y)
+
+
+def test_population_cli_and_bad_seeds(tmp_path):
+    cmd = [sys.executable, "-m", "cartpole", "train", "--seeds", "0-1", "--total_steps", "1024", "--out",
+           str(tmp_path), "--progress", "False", "--eval_episodes", "2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    assert s["seeds"] == [0, 1] and {"median", "q25", "q75"} <= set(s["eval_mean"])
+    assert json.loads((tmp_path / "summary.json").read_text())["seeds"] == [0, 1]
+    p = subprocess.run(cmd[:4] + ["--seeds", "3-x"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 2 and "seeds must be a range" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_single_run_is_unchanged_by_the_population_code(tmp_path):
+    """The single-run path stays the reference: same seed, same metrics (a population does not replace it)."""
+    a = run_training(quick(tmp_path / "a", seed=5)).episode_returns
+    b = run_training(quick(tmp_path / "b", seed=5)).episode_returns
+    assert a == b and len(a) > 10
+
+
+def test_vector_evaluation_equals_one_episode_at_a_time():
+    """All episodes at once, one forward per step: the same returns as playing each seeded episode alone."""
+    import gymnasium as gym
+
+    from cartpole.evaluate import evaluate
+
+    torch.manual_seed(1)
+    agent = MLPActorCritic(4, 2)
+    with torch.no_grad():
+        agent.actor[4].weight.mul_(300.0)  # a decisive policy, so that episodes differ in length
+    batched = evaluate(agent, "CartPole-v1", n_episodes=6, seed=50)
+    alone = []
+    for i in range(6):
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=50 + i)
+        total, done = 0.0, False
+        while not done:
+            obs, r, term, trunc, _ = env.step(int(agent.predict(obs)))
+            total, done = total + r, term or trunc
+        alone.append(total)
+    assert batched == alone and len(set(alone)) > 1
