@@ -7,6 +7,9 @@ forward pass for all episodes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -22,17 +25,24 @@ def evaluate(agent: MLPActorCritic, env_id: str, n_episodes: int = 20, seed: int
     """
     envs = make_vec_env(env_id, n_episodes, autoreset_mode=AutoresetMode.NEXT_STEP)  # sync: a seed per episode
     generator = torch.Generator().manual_seed(seed)
+    policy = lambda obs: agent.predict(obs, deterministic=deterministic, generator=generator)  # noqa: E731
+    return play_first_episodes(envs, policy, seed, max_steps).tolist()
+
+
+def play_first_episodes(envs: gym.vector.VectorEnv, policy: Callable[[np.ndarray], np.ndarray], seed: int,
+                        max_steps: int = 100_000) -> np.ndarray:
+    """The return of each sub-env's first episode `[num_envs]`, one batched `policy(obs) -> actions` per step.
+    Closes `envs`."""
     try:
         obs, _ = envs.reset(seed=seed)
-        returns = np.zeros(n_episodes)
-        running = np.ones(n_episodes, dtype=bool)
+        returns = np.zeros(envs.num_envs)
+        running = np.ones(envs.num_envs, dtype=bool)
         for _ in range(max_steps):
-            actions = agent.predict(obs, deterministic=deterministic, generator=generator)
-            obs, reward, terminated, truncated, _ = envs.step(actions.astype(np.int64))
+            obs, reward, terminated, truncated, _ = envs.step(policy(obs).astype(np.int64))
             returns += reward * running
             running &= ~(terminated | truncated)
             if not running.any():
                 break
     finally:
         envs.close()
-    return returns.tolist()
+    return returns

@@ -32,6 +32,7 @@ from rlhf_toy.seeding import seed_everything
 
 from .agent import MLPActorCritic, save_agent
 from .envs import make_vec_env, reward_threshold
+from .evaluate import play_first_episodes
 from .rollout import RolloutCollector
 from .train import SolvedTracker, TrainConfig, count_iterations
 
@@ -119,19 +120,7 @@ def evaluate_population(policy: PopulationMLPActorCritic, env_id: str, n_episode
                         max_steps: int = 100_000) -> np.ndarray:
     """Deterministic returns `[N, n_episodes]`: every agent's episodes in one vector env, one forward a step."""
     envs = make_vec_env(env_id, policy.n * n_episodes)
-    try:
-        obs, _ = envs.reset(seed=seed)
-        returns = np.zeros(policy.n * n_episodes)
-        running = np.ones_like(returns, dtype=bool)
-        for _ in range(max_steps):
-            obs, reward, terminated, truncated, _ = envs.step(policy.predict(obs).astype(np.int64))
-            returns += reward * running
-            running &= ~(terminated | truncated)
-            if not running.any():
-                break
-    finally:
-        envs.close()
-    return returns.reshape(policy.n, n_episodes)
+    return play_first_episodes(envs, policy.predict, seed, max_steps).reshape(policy.n, n_episodes)
 
 
 def build_population(seeds: list[int], obs_dim: int, n_actions: int, hidden: int,

@@ -4,12 +4,14 @@ The core imports nothing from gymnasium or transformers:
 - `advantages`: `gae` (terminated vs truncated, padding mask) and `discounted_returns`.
 - `losses`: clipped surrogate, plain policy gradient, (clipped) value loss, KL estimators, explained variance.
 - `ppo`: `PPOConfig`, `RolloutBatch`, the `ActorCritic` protocol and `ppo_update`.
+- `population`: `population_ppo_update`, the same update for N agents with stacked parameters.
 """
 
 from .advantages import discounted_returns, gae
 from .errors import UserError
 from .losses import clipped_policy_loss, explained_variance, kl_k1, kl_k3, policy_gradient_loss, value_loss
 from .masks import masked_mean, masked_whiten
+from .population import population_ppo_update
 from .ppo import ActorCritic, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 from .seeding import seed_everything
 
@@ -18,5 +20,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ActorCritic", "PPOConfig", "RolloutBatch", "UserError", "clipped_policy_loss", "discounted_returns",
     "explained_variance", "gae", "kl_k1", "kl_k3", "make_optimizer", "masked_mean", "masked_whiten",
-    "policy_gradient_loss", "ppo_update", "seed_everything", "value_loss",
+    "policy_gradient_loss", "population_ppo_update", "ppo_update", "seed_everything", "value_loss",
 ]
