@@ -64,6 +64,12 @@ class MLPActorCritic(nn.Module):
         return actions, log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1), self.value(obs)
 
     @torch.no_grad()
+    def sample(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Actions `[B]` for observations `[B, obs_dim]`, drawn as `act` draws them (the same generator use), without
+        the critic's forward pass: for REINFORCE, which needs no value while it plays."""
+        return torch.multinomial(torch.softmax(self.actor(obs), dim=-1), 1, generator=generator).squeeze(-1)
+
+    @torch.no_grad()
     def predict(self, obs: np.ndarray | Tensor, deterministic: bool = True,
                 generator: torch.Generator | None = None) -> np.ndarray:
         """Actions for observations `[obs_dim]` or `[B, obs_dim]` (numpy in, numpy out).

@@ -45,19 +45,21 @@ class EpisodeLog:
     wall_s: float = 0.0
 
 
-def run_episode(envs: gym.vector.VectorEnv, agent: MLPActorCritic, generator: torch.Generator,
+def run_episode(env: gym.Env, agent: MLPActorCritic, generator: torch.Generator,
                 seed: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Play one episode in a 1-env vector env. Returns `(observations [T, obs_dim], actions [T], rewards [T])`."""
-    obs, _ = envs.reset(seed=seed)
+    """Play one episode in a plain env (one step at a time is all REINFORCE needs, and a plain env steps ~10x
+    faster than a 1-env vector env, with the same states). Returns `(observations [T, obs_dim], actions [T],
+    rewards [T])`."""
+    obs, _ = env.reset(seed=seed)
     observations, actions, rewards = [], [], []
     while True:
         o = torch.as_tensor(obs, dtype=torch.float32)
-        a, _, _ = agent.act(o, generator)
-        obs, r, terminated, truncated, _ = envs.step(a.numpy())
-        observations.append(o[0])
+        a = agent.sample(o.unsqueeze(0), generator)
+        obs, r, terminated, truncated, _ = env.step(int(a))
+        observations.append(o)
         actions.append(a[0])
-        rewards.append(float(r[0]))
-        if terminated[0] or truncated[0]:
+        rewards.append(float(r))
+        if terminated or truncated:
             return torch.stack(observations), torch.stack(actions), torch.tensor(rewards)
 
 
@@ -75,12 +77,15 @@ def reinforce_loss(agent: MLPActorCritic, observations: torch.Tensor, actions: t
 def train_reinforce(cfg: ReinforceConfig) -> EpisodeLog:
     generator = seed_everything(cfg.seed)
     t0 = time.perf_counter()
-    envs = make_vec_env(cfg.env_id, 1)
-    agent = MLPActorCritic(envs.single_observation_space.shape[0], int(envs.single_action_space.n))
+    envs = make_vec_env(cfg.env_id, 1)  # checks the env id and its spaces (one-line errors)
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    envs.close()
+    env = gym.make(cfg.env_id)
+    agent = MLPActorCritic(obs_dim, n_actions)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate)
     log, steps = EpisodeLog(), 0
     for episode in range(cfg.episodes):
-        observations, actions, rewards = run_episode(envs, agent, generator, seed=cfg.seed + episode)
+        observations, actions, rewards = run_episode(env, agent, generator, seed=cfg.seed + episode)
         dones = torch.zeros_like(rewards, dtype=torch.bool)
         dones[-1] = True
         returns = discounted_returns(rewards, dones, gamma=cfg.gamma)
@@ -91,7 +96,7 @@ def train_reinforce(cfg: ReinforceConfig) -> EpisodeLog:
         steps += len(rewards)
         log.returns.append(float(rewards.sum()))
         log.env_steps.append(steps)
-    envs.close()
+    env.close()
     log.wall_s = time.perf_counter() - t0
     return log
 

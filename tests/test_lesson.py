@@ -5,12 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 from PIL import Image
 
 from cartpole.agent import MLPActorCritic
-from cartpole.envs import make_vec_env
 from cartpole.reinforce import ReinforceConfig, gradient_variance, run_episode, train_reinforce
 from cartpole.watch import record_episode, write_gif
 
@@ -77,9 +77,9 @@ def test_baseline_reduces_gradient_variance_on_a_fixed_batch():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     agent = MLPActorCritic(4, 2)
-    envs = make_vec_env("CartPole-v1", 1)
-    episodes = [run_episode(envs, agent, g, seed=i) for i in range(60)]
-    envs.close()
+    env = gym.make("CartPole-v1")
+    episodes = [run_episode(env, agent, g, seed=i) for i in range(60)]
+    env.close()
     # Fit the critic to the episodes' returns (the learned baseline), leaving the policy as it is.
     from rlhf_toy.advantages import discounted_returns
 
