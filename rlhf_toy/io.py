@@ -93,11 +93,18 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
 def sweep_temporaries(folder: str | os.PathLike[str]) -> list[str]:
     """Remove the temporaries that killed writers left directly in `folder`; returns their names.
 
-    Call it only while holding the folder's lock (`output_lock`): then no live writer owns one. Subfolders are
-    left alone: another process may hold their own lock (a PPO run in run_dir/ppo while run_dir is evaluated).
+    A writer killed between `atomic_dir`'s two renames left the previous version as `.NAME.tmp-old` and no
+    `NAME`: that one is put back, not removed. Call this only while holding the folder's lock (`output_lock`):
+    then no live writer owns a temporary. Subfolders are left alone: another process may hold their own lock
+    (a PPO run in run_dir/ppo while run_dir is evaluated).
     """
     removed = []
-    for entry in Path(folder).iterdir():
+    for entry in sorted(Path(folder).iterdir()):
+        if entry.name.startswith(".") and entry.name.endswith(f"{TMP_MARK}old"):
+            target = entry.with_name(entry.name[1: -len(f"{TMP_MARK}old")])
+            if not target.exists():
+                os.replace(entry, target)  # the previous version is the last complete one: restore it
+                continue
         if entry.name.startswith(".") and TMP_MARK in entry.name:
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)

@@ -247,3 +247,16 @@ def test_user_preference_file_reports_heldout_accuracy(run_dir, tmp_path):
     assert m["steps"] >= 40 and m["epochs"] > 2  # 3 steps an epoch: more epochs to reach --min_steps
     assert m["heldout_accuracy"] >= 0.9  # an easy file: the model learns it
     assert m["norm_std"] > 0.05
+
+
+def test_a_kill_between_the_two_renames_of_a_directory_swap_restores_the_previous_version(tmp_path):
+    """`atomic_dir` moves the old directory aside, then the new one in: a kill between the two leaves only
+    `.NAME.tmp-old`. The next writer (taking the lock) puts it back instead of sweeping it away."""
+    from rlhf_toy.io import output_lock
+
+    (tmp_path / ".checkpoint.tmp-old").mkdir()
+    (tmp_path / ".checkpoint.tmp-old" / "trainer_state.pt").write_text("step 4")
+    (tmp_path / ".checkpoint.tmp-abc123").mkdir()  # the new version, half written: swept
+    with output_lock(tmp_path):
+        assert (tmp_path / "checkpoint" / "trainer_state.pt").read_text() == "step 4"
+        assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
