@@ -224,7 +224,8 @@ def stage_reward(run: RunConfig, cfg: RewardConfig) -> dict[str, Any]:
 @dataclass
 class ResumeConfig:
     resume: bool = option("Continue from the PPO directory's last checkpoint.", False)
-    ppo_dir: str | None = option("Output directory (default: run_dir/ppo).", None)
+    ppo_dir: str | None = option("Output directory: a path, or a bare name for run_dir/NAME (default: run_dir/ppo).",
+                                 None)
 
 
 def plot_ppo_curves(rows: list[dict[str, Any]], path) -> None:
