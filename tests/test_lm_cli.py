@@ -166,3 +166,14 @@ def test_ppo_refuses_a_reward_model_with_another_tokenizer(run_dir, tmp_path, ca
     out = copy_with_foreign_tokenizer(run_dir, tmp_path, "reward_model")
     assert run_cli(main, ["ppo", "--run_dir", str(out), "--progress", "False", "--steps", "1"]) == 2
     assert "reward model's tokenizer" in capsys.readouterr().err
+
+
+def test_overoptimization_runs_each_beta_and_tabulates(run_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage("overopt", out, "--judge", "tests.judges:length", "--steps", "2", "--betas", "0,0.1",
+                 "--best_of", "1,2", "--eval_prompts", "8") == 0
+    curves = json.loads((out / "overoptimization.json").read_text())
+    assert set(curves) == {"best_of_n", "beta=0", "beta=0.1"} and len(curves["beta=0.1"]) == 2
+    assert "| beta=0.1 |" in (out / "overoptimization.md").read_text()
+    assert (out / "overoptimization.png").stat().st_size > 5000
