@@ -7,9 +7,9 @@ The core imports nothing from gymnasium or transformers:
 - `population`: `population_ppo_update`, the same update for N agents with stacked parameters.
 """
 
-from .advantages import discounted_returns, gae
+from .advantages import discounted_returns, gae, grpo_advantages, rloo_advantages
 from .errors import UserError
-from .losses import clipped_policy_loss, explained_variance, kl_k1, kl_k3, policy_gradient_loss, value_loss
+from .losses import clipped_policy_loss, dpo_loss, explained_variance, kl_k1, kl_k3, policy_gradient_loss, value_loss
 from .masks import masked_mean, masked_whiten
 from .population import population_ppo_update
 from .ppo import ActorCritic, PPOConfig, RolloutBatch, make_optimizer, ppo_update
@@ -18,7 +18,8 @@ from .seeding import seed_everything
 __version__ = "0.1.0"
 
 __all__ = [
-    "ActorCritic", "PPOConfig", "RolloutBatch", "UserError", "clipped_policy_loss", "discounted_returns",
+    "ActorCritic", "PPOConfig", "RolloutBatch", "UserError", "clipped_policy_loss", "discounted_returns", "dpo_loss",
+    "grpo_advantages", "rloo_advantages",
     "explained_variance", "gae", "kl_k1", "kl_k3", "make_optimizer", "masked_mean", "masked_whiten",
     "policy_gradient_loss", "population_ppo_update", "ppo_update", "seed_everything", "value_loss",
 ]

@@ -84,3 +84,32 @@ def discounted_returns(
         rewards.to(zeros.dtype), zeros, zeros, dones, gamma=gamma, lam=1.0, mask=mask
     )
     return returns
+
+
+def _groups(rewards: Tensor, group_size: int) -> Tensor:
+    """`[B]` rewards of B / k prompts with k samples each (consecutive) -> `[B / k, k]`."""
+    from .errors import UserError
+
+    if group_size < 2:
+        raise UserError(f"group_size must be >= 2 to compare samples of one prompt (got {group_size}); pass "
+                        "--group_size 4")
+    if rewards.dim() != 1 or rewards.shape[0] % group_size:
+        raise UserError(f"the batch ({tuple(rewards.shape)}) is not a whole number of groups of {group_size}; "
+                        "make the batch size a multiple of --group_size")
+    return rewards.view(-1, group_size)
+
+
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """RLOO (Ahmadian et al. 2024): each sample's reward minus the mean of the *other* k - 1 samples of its
+    prompt. `rewards [B]`, consecutive groups of `group_size` -> advantages `[B]`. No critic."""
+    g = _groups(rewards, group_size)
+    k = group_size
+    baseline = (g.sum(1, keepdim=True) - g) / (k - 1)  # leave-one-out mean
+    return (g - baseline).reshape(-1)
+
+
+def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GRPO (Shao et al. 2024): rewards normalized within each prompt's group, (r - mean) / (std + eps), with
+    the unbiased std. A group whose rewards are all equal gets 0. `rewards [B]` -> advantages `[B]`."""
+    g = _groups(rewards, group_size)
+    return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)).reshape(-1)

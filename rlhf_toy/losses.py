@@ -94,3 +94,28 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor | None = No
     if var_returns.item() == 0.0:
         return float("nan")
     return float(1.0 - masked_var(returns - values, mask) / var_returns)
+
+
+class DPOLoss(NamedTuple):
+    """The DPO loss and its implicit rewards (detached)."""
+
+    loss: Tensor  # scalar, to minimise
+    chosen_rewards: Tensor  # [B] beta * (log pi(y_w|x) - log pi_ref(y_w|x))
+    rejected_rewards: Tensor  # [B] the same for y_l
+    accuracy: Tensor  # share of pairs whose chosen reply has the larger implicit reward
+
+
+def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor, ref_chosen_logps: Tensor,
+             ref_rejected_logps: Tensor, beta: float) -> DPOLoss:
+    """DPO (Rafailov et al. 2023): -log sigmoid(beta * [(log pi_w - log ref_w) - (log pi_l - log ref_l)]).
+
+    Each argument is `[B]`: the summed log-probability of the chosen (w) or rejected (l) reply under the policy
+    being trained or the frozen reference. `beta` plays the KL coefficient's part.
+    """
+    chosen = policy_chosen_logps - ref_chosen_logps
+    rejected = policy_rejected_logps - ref_rejected_logps
+    loss = -torch.nn.functional.logsigmoid(beta * (chosen - rejected)).mean()
+    with torch.no_grad():
+        chosen_rewards, rejected_rewards = beta * chosen, beta * rejected
+        accuracy = (chosen_rewards > rejected_rewards).float().mean()
+    return DPOLoss(loss, chosen_rewards, rejected_rewards, accuracy)

@@ -103,3 +103,34 @@ def test_gae_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="share one"):
         gae(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 1), torch.zeros(3, 2, dtype=torch.bool),
             gamma=0.9, lam=0.9)
+
+
+def test_rloo_baseline_is_the_leave_one_out_mean_on_a_hand_made_group():
+    from rlhf_toy.advantages import rloo_advantages
+
+    r = torch.tensor([1.0, 2.0, 6.0, 0.0, 5.0, 5.0])  # two prompts, k = 3
+    # prompt 1: 1 - (2+6)/2 = -3, 2 - (1+6)/2 = -1.5, 6 - (1+2)/2 = 4.5; prompt 2: 0 - 5, 5 - 2.5, 5 - 2.5
+    assert rloo_advantages(r, 3).tolist() == [-3.0, -1.5, 4.5, -5.0, 2.5, 2.5]
+
+
+def test_grpo_advantages_are_normalized_within_each_group_and_zero_for_equal_rewards():
+    from rlhf_toy.advantages import grpo_advantages
+
+    g = torch.Generator().manual_seed(0)
+    r = torch.cat([torch.randn(8, generator=g) * 3 + 1, torch.full((4,), 2.5)])
+    a = grpo_advantages(r, 4).view(3, 4)
+    assert_close(a[:2].mean(1), torch.zeros(2), atol=1e-6, rtol=0)
+    assert_close(a[:2].std(1), torch.ones(2), atol=1e-3, rtol=0)
+    assert torch.equal(a[2], torch.zeros(4))
+
+
+def test_group_advantages_refuse_bad_groups():
+    import pytest
+
+    from rlhf_toy.advantages import grpo_advantages, rloo_advantages
+    from rlhf_toy.errors import UserError
+
+    with pytest.raises(UserError, match="group_size must be >= 2"):
+        rloo_advantages(torch.zeros(4), 1)
+    with pytest.raises(UserError, match="not a whole number of groups of 4"):
+        grpo_advantages(torch.zeros(6), 4)

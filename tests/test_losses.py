@@ -1,5 +1,6 @@
 """Loss properties: ratio 1 gives the policy gradient, clipping zeroes the right gradients, value clipping."""
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -80,3 +81,16 @@ def test_explained_variance():
     ret = torch.tensor([1.0, 2.0, 3.0, 4.0])
     assert explained_variance(ret, ret) == 1.0
     assert abs(explained_variance(torch.full((4,), 2.5), ret)) < 1e-6
+
+
+def test_dpo_loss_matches_a_hand_computed_value():
+    import math
+
+    from rlhf_toy.losses import dpo_loss
+
+    # chosen: policy -1.0, reference -2.0 (log-ratio +1); rejected: policy -3.0, reference -2.5 (log-ratio -0.5)
+    out = dpo_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-2.5]), beta=0.1)
+    expected = -math.log(1 / (1 + math.exp(-0.1 * (1.0 - (-0.5)))))  # -log sigmoid(0.15) = 0.62096...
+    assert out.loss.item() == pytest.approx(expected, rel=1e-6)
+    assert out.chosen_rewards.item() == pytest.approx(0.1) and out.rejected_rewards.item() == pytest.approx(-0.05)
+    assert out.accuracy.item() == 1.0
