@@ -58,12 +58,7 @@ def _watch(cfg: WatchConfig) -> int:
 
 
 def _train(cfg: TrainConfig, ppo: PPOConfig) -> int:
-    if cfg.seed_list is not None:  # a population: one agent per seed, one batched network
-        from .population import train_population
-
-        print(json.dumps(train_population(cfg, cfg.seed_list, ppo)["summary"]))
-    else:
-        print(json.dumps(train(cfg, ppo)))
+    print(json.dumps(train(cfg, ppo)))  # with --seeds: a population, one agent per seed
     return 0
 
 

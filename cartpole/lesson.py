@@ -122,11 +122,8 @@ def lesson_train_config(seed: int, iterations: int, out: str) -> TrainConfig:
 def run_ppo(variant: str, seeds: list[int], iterations: int, ppo: PPOConfig) -> list[Run]:
     """Every seed's PPO run at once, as one population (one env per agent, as in the lesson). Each run's
     `wall_s` is the population's wall time divided by the number of seeds."""
-    import torch
-
     from .population import train_population
 
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         trackers = train_population(lesson_train_config(seeds[0], iterations, out), seeds, ppo)["trackers"]

@@ -3,13 +3,15 @@
 Agent k starts from exactly the network a single run with seed k builds, samples its actions and shuffles its
 minibatches with its own generator seeded k, and is updated by the core's population update (its own
 advantage normalization, gradient clip and KL early stop). Its layers run as batched matmuls over the stacked
-weights (`torch.baddbmm`), which give the same numbers as `nn.Linear` on one agent.
+weights (`torch.baddbmm`), whose forward pass gives the same numbers as `nn.Linear` on one agent (the first
+layer's weight gradient rounds differently, by about 1e-10).
 
 What differs from N single runs: the N x num_envs environments are one gymnasium vector env (one call steps
 them all, the reason a population is fast), and CartPole's native vector env draws every sub-env's start and
 reset states from one random generator, seeded with the first seed. So agent k meets other start states than a
 single run with seed k, and a population's results are reproducible as a whole (same seeds, same numbers),
-not seed by seed. A population of one is exactly a single run (tests/test_population.py).
+not seed by seed. A population of one collects the single run's first rollout action for action and matches
+its first update to float rounding; CartPole then amplifies the rounding over a run (tests/test_population.py).
 """
 
 from __future__ import annotations

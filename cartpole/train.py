@@ -149,12 +149,19 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, ppo: PPOConfig | None = None) -> dict[str, Any]:
-    """Train, write the run directory, and return the summary (also saved as `summary.json`)."""
+    """Train, write the run directory, and return the summary (also saved as `summary.json`). With `cfg.seeds`,
+    train a population (`cartpole.population.train_population`) and return its summary."""
+    if cfg.seed_list is not None:
+        from .population import train_population
+
+        return train_population(cfg, cfg.seed_list, ppo or CARTPOLE_PPO)["summary"]
     return run_training(cfg, ppo).summary
 
 
 def run_training(cfg: TrainConfig, ppo: PPOConfig | None = None) -> TrainResult:
-    """`train`, returning the agent and the episode history as well."""
+    """`train` of one agent, returning the agent and the episode history as well."""
+    if cfg.seed_list is not None:
+        raise UserError("run_training trains one agent; for --seeds use train() or train_population()")
     ppo = ppo or CARTPOLE_PPO
     iterations = count_iterations(cfg, ppo)
     with output_lock(cfg.out, "CartPole run"):

@@ -13,7 +13,7 @@ from cartpole.agent import MLPActorCritic
 from cartpole.envs import make_vec_env
 from cartpole.population import build_population, by_agent, train_population
 from cartpole.rollout import RolloutCollector
-from cartpole.train import CARTPOLE_PPO, TrainConfig, cartpole_ppo_config, run_training
+from cartpole.train import CARTPOLE_PPO, TrainConfig, cartpole_ppo_config, run_training, train
 from rlhf_toy.advantages import gae
 from rlhf_toy.population import clip_grad_norm_per_agent, population_ppo_update
 from rlhf_toy.ppo import RolloutBatch, make_optimizer, ppo_update
@@ -130,6 +130,16 @@ def test_population_cli_and_bad_seeds(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["seeds"] == [0, 1]
     p = subprocess.run(cmd[:4] + ["--seeds", "3-x"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 2 and "seeds must be a range" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_train_runs_a_population_when_given_seeds_and_run_training_refuses_them(tmp_path):
+    from rlhf_toy.errors import UserError
+
+    cfg = quick(tmp_path / "pop", seeds="3,5", total_steps=1024)
+    s = train(cfg)
+    assert s["seeds"] == [3, 5] and len(s["per_seed"]) == 2
+    with pytest.raises(UserError, match="trains one agent"):
+        run_training(cfg)
 
 
 def test_single_run_is_unchanged_by_the_population_code(tmp_path):

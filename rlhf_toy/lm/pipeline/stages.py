@@ -208,10 +208,9 @@ def stage_reward(run: RunConfig, cfg: RewardConfig) -> dict[str, Any]:
     mean, std = set_normalization(rm, tok, ref["prompts"], ref["responses"])
     metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "norm_mean": mean, "norm_std": std,
                                **history, "config": asdict(cfg)}
-    held = rd.load_json(rd.preferences_eval)
     if held_pairs is not None:
         metrics.update({f"heldout_{k}": v for k, v in pair_accuracy(rm, tok, held_pairs).items()})
-    elif held is not None and not run.preferences_file:
+    elif not run.preferences_file and (held := rd.load_json(rd.preferences_eval)) is not None:
         metrics.update({f"heldout_{k}": v for k, v in
                         pairwise_accuracy(rm, tok, held["prompts"], held["responses"], held["scores"]).items()})
     rd.save_model(rd.reward_model, rm, tok)
