@@ -28,6 +28,11 @@ class RewardConfig:
     min_steps: int = option("At least this many gradient steps: a small preference file gets more epochs.", 100)
     heldout_fraction: float = option(
         "Share of a --preferences_file's prompts held out (seeded) to report pairwise accuracy on.", 0.1)
+    reward_base: str | None = option(
+        "Train the reward model from this model instead of the SFT model: a directory, a .gguf file or smollm2; "
+        "it keeps its own tokenizer and scores the policy's replies as text.", None)
+    freeze_trunk: bool = option("Train the scalar head only (fast on a large model; LoRA adapters still train).",
+                                False)
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
@@ -50,7 +55,8 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
     n = len(pairs["prompt"])
     order = list(range(n))
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(rm.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    params = [p for p in rm.parameters() if p.requires_grad]  # frozen trunk or LoRA: only what trains
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
     per_epoch = -(-n // cfg.batch_size)
     epochs = max(cfg.epochs, -(-cfg.min_steps // per_epoch))  # a small file: enough passes for min_steps
     steps = epochs * per_epoch
@@ -66,13 +72,13 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
             ids, mask = encode_texts(tok, prompts + prompts, [pairs["chosen"][i] for i in idx] +
                                      [pairs["rejected"][i] for i in idx])
             r = raw_scores(rm, ids, mask)
-            label = None if labels is None else torch.tensor([float(labels[i]) for i in idx])
+            label = None if labels is None else torch.tensor([float(labels[i]) for i in idx], device=r.device)
             loss = bradley_terry_loss(r[: len(idx)], r[len(idx):], label)
             for g in opt.param_groups:
                 g["lr"] = cosine_lr(step, steps, cfg.learning_rate, warmup=max(1, steps // 20))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             losses.append(loss.item())
             step += 1

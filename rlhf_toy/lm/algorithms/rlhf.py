@@ -25,8 +25,9 @@ from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
 
 from ..models.causal_lm import response_logprobs
 from ..models.chat import encode_prompts
+from ..models.hf import autocast, context_length, is_lora, model_device, reference_mode, trainable_parameters
 from ..models.policy import PolicyWithValueHead
-from ..models.reward_model import score_token_ids
+from ..models.reward_model import RewardModel, score_token_ids
 from ..models.sampling import Samples, sample
 from .distributed import mean_across_ranks, rank_and_world
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
@@ -80,6 +81,8 @@ class RLHFConfig:
     value_lr_scale: float = option("Value head learning rate / policy's.", 50.0)
     stop_at_eos: bool = option("Stop generation at EOS (off: fixed length).", True)
     save_every: int = option("Checkpoint every this many steps (0: only at the end).", 25)
+    reward_reads: str = option("How the reward model reads replies: auto (token ids when it shares the policy's "
+                               "tokenizer, else text), ids, or text.", "auto")
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "max_new_tokens", "kl_horizon", "kl_limit_window"):
@@ -90,6 +93,7 @@ class RLHFConfig:
         check(self.kl_estimator in ("k1", "k3"), "kl_estimator", self.kl_estimator, "k1 or k3")
         check(self.kl_limit is None or self.kl_limit > 0, "kl_limit", self.kl_limit, "> 0 nats (or None)")
         check(self.value_lr_scale > 0, "value_lr_scale", self.value_lr_scale, "> 0, e.g. 50")
+        check(self.reward_reads in ("auto", "ids", "text"), "reward_reads", self.reward_reads, "auto, ids or text")
         check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")
 
 
@@ -106,25 +110,37 @@ class Experience:
 
 
 def score_responses(reward_model, tok, s: Samples) -> Tensor:
-    """A learned reward model reads the generated tokens; any callable `(prompts, texts) -> [B]` (a rule
-    reward, say) reads the decoded text."""
+    """Scores `[B]` (CPU) of sampled replies. A `RewardModel` reads token ids or text as it was loaded to; a bare
+    scalar-head module shares the policy's tokenizer and reads the generated tokens; any callable
+    `(prompts, texts) -> [B]` (a rule reward, say) reads the decoded text."""
+    if isinstance(reward_model, RewardModel):
+        return reward_model.score_samples(s, tok)
     if isinstance(reward_model, torch.nn.Module):
-        return score_token_ids(reward_model, s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask,
-                               tok.eos_token_id, tok.pad_token_id)
+        return score_token_ids(reward_model, s.prompt_ids.cpu(), s.prompt_mask.cpu(), s.response_ids.cpu(),
+                               s.response_mask.cpu(), tok.eos_token_id, tok.pad_token_id).cpu()
     return torch.as_tensor(reward_model(s.prompts, s.texts), dtype=torch.float32)
+
+
+def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, temperature: float) -> Tensor:
+    """`[B, R]` log-probs under the frozen reference: `ref_model`, or (None) the LoRA policy with adapters off."""
+    if ref_model is None:
+        with reference_mode(policy.lm):
+            return response_logprobs(policy.lm, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)[0]
+    return response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)[0]
 
 
 def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, prompts: list[str], beta: float,
                     cfg: RLHFConfig, ppo: PPOConfig) -> Experience:
+    """One batch of rollouts, on the policy's device. `ref_model=None`: the LoRA policy with adapters off."""
     # 1. Sample from the current policy (torch's global RNG).
     s = sample(policy.lm, tok, prompts, cfg.max_new_tokens, cfg.temperature, stop_at_eos=cfg.stop_at_eos)
     obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
     with torch.no_grad():
         # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
         logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
-        ref_logprobs, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, cfg.temperature)
+        ref_logprobs = reference_logprobs(policy, ref_model, s, cfg.temperature)
         # 3. Scores from the reward model (EOS-terminated input) or a rule on the text.
-        scores = score_responses(reward_model, tok, s)
+        scores = score_responses(reward_model, tok, s).to(mask.device)
         if cfg.missing_eos_penalty is not None:
             scores = scores - cfg.missing_eos_penalty * (~s.eos).float()
         # 4. Per-token rewards: -beta * KL, plus the score on the last real token.
@@ -136,15 +152,21 @@ def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, p
         values = values * mask
         next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], 1)
         terminated = torch.zeros_like(mask, dtype=torch.bool)
-        terminated[torch.arange(mask.shape[0]), last_real_index(mask)] = True
+        terminated[torch.arange(mask.shape[0], device=mask.device), last_real_index(mask)] = True
         adv, ret = gae(rewards.T, values.T, next_values.T, terminated.T, gamma=ppo.gamma, lam=ppo.gae_lambda,
                        mask=mask.T)
     batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv.T, ret.T, mask)
-    return Experience(batch, scores, kl, s.texts, s.eos, entropy)
+    return Experience(batch, scores.float(), kl, s.texts, s.eos, entropy)
 
 
 class RLHFTrainer:
-    """Holds the four roles (policy + value head, frozen reference, reward model) and runs PPO steps."""
+    """Holds the four roles (policy + value head, frozen reference, reward model) and runs PPO steps.
+
+    `sft_model` is any transformers causal LM (on any device: everything follows its device), or a peft LoRA
+    model: then only the adapters train and the reference is the same network with the adapters off (no copy).
+    `reward_model`: a `RewardModel`, a scalar-head module that shares `tok`, or a callable
+    `(prompts, texts) -> scores`.
+    """
 
     def __init__(self, sft_model, reward_model, tok, cfg: RLHFConfig, ppo: PPOConfig, prompts: list[str],
                  seed: int, judge=None, ref_model=None) -> None:
@@ -155,21 +177,25 @@ class RLHFTrainer:
             raise UserError(f"minibatch_size ({ppo.minibatch_size}) is larger than the batch ({cfg.batch_size} "
                             "episodes per step); lower --minibatch_size or raise --batch_size")
         longest = max(len(p) for p in encode_prompts(tok, prompts))
-        if longest + cfg.max_new_tokens + 1 > sft_model.config.n_positions:
+        context = context_length(sft_model.config)
+        if longest + cfg.max_new_tokens + 1 > context:
             raise UserError(f"prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) + EOS exceeds the "
-                            f"context of {sft_model.config.n_positions}; lower --max_new_tokens")
+                            f"context of {context}; lower --max_new_tokens")
         self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
         seed = seed + rank_and_world()[0]  # data-parallel ranks draw different prompts and samples
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
-        # The frozen reference: the SFT model (a copy of the starting policy unless given, e.g. on resume).
-        ref_model = copy.deepcopy(sft_model) if ref_model is None else ref_model
-        self.ref_model = ref_model.eval().requires_grad_(False)
+        # The frozen reference: the SFT model (a copy of the starting policy unless given, e.g. on resume), or
+        # for a LoRA policy the same network with its adapters off (None).
+        if ref_model is None and not is_lora(sft_model):
+            ref_model = copy.deepcopy(sft_model)
+        self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.device = model_device(sft_model)
         if isinstance(reward_model, torch.nn.Module):
             reward_model = reward_model.eval().requires_grad_(False)
         self.reward_model = reward_model
         self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature)  # eval(): dropout stays off
         # Two param groups: the language model, and the fresh value head at `value_lr_scale` times its lr.
-        self.optimizer = make_optimizer([{"params": list(self.policy.lm.parameters())},
+        self.optimizer = make_optimizer([{"params": trainable_parameters(self.policy.lm)},
                                          {"params": list(self.policy.value_head.parameters())}], ppo)
         self.lr_scales = (1.0, cfg.value_lr_scale)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
@@ -186,6 +212,10 @@ class RLHFTrainer:
         return [self.prompts[i] for i in idx.tolist()]
 
     def step(self) -> dict[str, float]:
+        with autocast(self.device):  # bf16 on a GPU that has it; nothing on the CPU
+            return self._step()
+
+    def _step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         prompts = self.next_prompts()
         beta = self.kl_ctl.beta

@@ -24,13 +24,17 @@ PairIds = list[tuple[list[int], list[int]]]  # (prompt ids, response ids + EOS) 
 class SFTConfig:
     """SFT hyperparameters."""
 
-    epochs: int = option("Passes over the SFT pairs.", 2)
+    epochs: int = option("Passes over the SFT pairs (0: no SFT, the --base_model itself is the reference).", 2)
     batch_size: int = option("Sequences per gradient step.", 64)
     learning_rate: float = option("Peak AdamW learning rate (cosine decay).", 2e-3)
     weight_decay: float = option("AdamW weight decay.", 0.01)
+    sample_prompts: int = option("Held-out prompts sampled after training, for the report's gold score.", 200)
+    sample_tokens: int = option("Longest sampled reply for that report (at most half the context).", 32)
 
     def __post_init__(self) -> None:
-        check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        check(self.epochs >= 0, "epochs", self.epochs, ">= 0 (0: no SFT, needs --base_model)")
+        check(self.sample_prompts >= 1, "sample_prompts", self.sample_prompts, ">= 1")
+        check(self.sample_tokens >= 1, "sample_tokens", self.sample_tokens, ">= 1")
         check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 2e-3")
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
@@ -58,7 +62,9 @@ def sft_batches(pairs_ids: PairIds, batch_size: int, pad_id: int, generator: tor
 
 
 def lm_loss(model, ids: Tensor, mask: Tensor, labels: Tensor) -> tuple[Tensor, int]:
-    """Summed next-token cross-entropy over labelled tokens, and their count."""
+    """Summed next-token cross-entropy over labelled tokens, and their count (on the model's device)."""
+    device = next(model.parameters()).device
+    ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     target = labels[:, 1:]
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
@@ -89,8 +95,8 @@ def train_sft(model, tok, train_ids: PairIds, eval_ids: PairIds, cfg: SFTConfig,
     if not train_ids:
         raise UserError("no SFT pair fits the context; raise --n_positions or use shorter texts")
     generator = torch.Generator().manual_seed(seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate, betas=(0.9, 0.98))
     steps_per_epoch = -(-len(train_ids) // cfg.batch_size)

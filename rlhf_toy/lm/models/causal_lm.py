@@ -1,4 +1,5 @@
-"""The tiny GPT-2 policy model, and log-probs of response tokens under any causal LM.
+"""The tiny GPT-2 policy model, and log-probs of response tokens under any causal LM (GPT-2, Llama, GPT-NeoX,
+Qwen2, ...: every one takes `position_ids`).
 
 Conventions that matter (each is a known RLHF implementation detail):
 - dropout is off everywhere, so a forward pass is a deterministic function of the weights;
@@ -59,8 +60,9 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     Returns `logprobs [B, R]`, `entropy [B, R]` (and the last hidden states at the positions that predict
     each response token, `[B, R, H]`, if `return_hidden`).
     """
-    ids = torch.cat([prompt_ids, response_ids], 1)
-    mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1)
+    device = next(model.parameters()).device
+    ids = torch.cat([prompt_ids, response_ids], 1).to(device)
+    mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1).to(device)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
                 output_hidden_states=return_hidden)
     P, R = prompt_ids.shape[1], response_ids.shape[1]

@@ -1,11 +1,16 @@
 """The chat format, the tokenizer (trained offline with `tokenizers`, saved as a transformers tokenizer), and
 turning texts into padded token-id tensors.
 
-Format of one exchange (the special tokens split the text, so prompt and response tokenize independently):
+Format of one exchange with this project's own tokenizer (the special tokens split the text, so prompt and
+response tokenize independently):
 
     <|user|>My printer won't start.<|bot|>Sure. Try restarting your printer. Good luck!<|eos|>
 
-PAD (`<|pad|>`) is distinct from EOS, so EOS is never masked as padding and the policy can learn to stop.
+A pretrained model's tokenizer brings its own chat template: the prompt is `apply_chat_template` of one user
+turn with the generation prompt (the assistant header), and a reply ends with the tokenizer's EOS (SmolLM2's
+`<|im_end|>`). A tokenizer without a chat template (GPT-2, Pythia) gets this project's format as plain text.
+Masks never compare ids with PAD (they come from lengths and the first EOS), so a tokenizer whose PAD is its
+EOS works too.
 """
 
 from __future__ import annotations
@@ -53,35 +58,48 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 def load_tokenizer(path: str | os.PathLike[str]):
     from transformers import AutoTokenizer
 
-    if not (Path(path) / "tokenizer.json").is_file():
+    from .hf import prepare_tokenizer
+
+    if not any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise UserError(f"no tokenizer in {path}; run the 'tokenizer' stage first (or pass the right --run_dir)")
     tok = AutoTokenizer.from_pretrained(str(path))
-    check_tokenizer(tok, str(path))
+    if own_format(tok) and tok.pad_token_id == tok.eos_token_id:
+        raise UserError(f"tokenizer in {path} needs distinct PAD and EOS tokens; retrain it (stage 'tokenizer')")
+    prepare_tokenizer(tok)
     return tok
 
 
-def check_tokenizer(tok, where: str) -> None:
-    if tok.pad_token_id is None or tok.eos_token_id is None or tok.pad_token_id == tok.eos_token_id:
-        raise UserError(f"tokenizer in {where} needs distinct PAD and EOS tokens; retrain it (stage 'tokenizer')")
+def own_format(tok) -> bool:
+    """Whether `tok` is this project's own tokenizer (trained with the chat markers as special tokens)."""
+    return USER in tok.get_vocab() and BOT in tok.get_vocab()
 
 
 def check_tokenizer_matches(tok, model, what: str) -> None:
-    """A model can only read ids from a tokenizer of its own vocabulary and special tokens."""
-    cfg = model.config
-    if cfg.vocab_size != len(tok) or getattr(cfg, "pad_token_id", None) not in (None, tok.pad_token_id) or \
-            getattr(cfg, "eos_token_id", None) not in (None, tok.eos_token_id):
-        raise UserError(f"the tokenizer does not match the {what} (vocab {len(tok)} vs {cfg.vocab_size}, or other "
-                        f"PAD/EOS ids); use the tokenizer saved with that model")
+    """A model can only read ids from a tokenizer of its own vocabulary.
+
+    This project's tokenizers fill the model's vocabulary exactly; a pretrained model's may be padded beyond
+    the tokenizer's (Qwen2's is), so there the tokenizer must only fit inside it.
+    """
+    vocab = model.config.vocab_size
+    fits = vocab == len(tok) if own_format(tok) else len(tok) <= vocab
+    if not fits:
+        raise UserError(f"the tokenizer does not match the {what} (vocab {len(tok)} vs {vocab}); use the tokenizer "
+                        "saved with that model")
 
 
 def encode_prompts(tok, prompts: list[str]) -> list[list[int]]:
-    """Token ids of each prompt in the chat format (ending with the bot marker)."""
+    """Token ids of each prompt, ending where the reply begins: the model's chat template with the generation
+    prompt if it has one, this project's format (user turn + bot marker) otherwise."""
+    if getattr(tok, "chat_template", None):
+        texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                 for p in prompts]
+        return [tok.encode(t, add_special_tokens=False) for t in texts]
     return [tok.encode(prompt_text(p)) for p in prompts]
 
 
 def encode_responses(tok, responses: list[str]) -> list[list[int]]:
-    """Token ids of each response, EOS appended."""
-    return [tok.encode(r) + [tok.eos_token_id] for r in responses]
+    """Token ids of each response, EOS appended (no BOS: a reply continues its prompt)."""
+    return [tok.encode(r, add_special_tokens=False) + [tok.eos_token_id] for r in responses]
 
 
 def pad_sequences(seqs: list[list[int]], pad_id: int, side: str = "left") -> tuple[Tensor, Tensor]:

@@ -57,15 +57,17 @@ def from_pretrained(auto_class, path: Path, what: str, **kwargs):
                         "that wrote it") from None
 
 
-def load_reward_model(path: str | os.PathLike[str], tok):
-    """The scalar-head reward model in `path`; it must read the policy tokenizer's ids (`tok`)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+def load_reward_model(path: str | os.PathLike[str], policy_tok, reads: str = "auto"):
+    """The scalar-head reward model in `path` with its own tokenizer, as a `RewardModel` that reads the policy's
+    token ids when the tokenizers agree (`reads="auto"`), or the decoded text."""
+    from transformers import AutoModelForSequenceClassification
+
+    from .reward_model import RewardModel
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise UserError(f"no reward model in {path}; run the 'reward' stage first (or pass the right --run_dir)")
-    rm_tok = AutoTokenizer.from_pretrained(str(path))
-    if rm_tok.get_vocab() != tok.get_vocab() or rm_tok.pad_token_id != tok.pad_token_id:
-        raise UserError(f"the reward model's tokenizer in {path} does not match the policy's; train the reward model "
-                        "from this run's SFT model")
-    return from_pretrained(AutoModelForSequenceClassification, path, "reward")
+    rm_tok = load_tokenizer(path)
+    model = from_pretrained(AutoModelForSequenceClassification, path, "reward")
+    check_tokenizer_matches(rm_tok, model, "reward model")
+    return RewardModel.for_policy(model, rm_tok, policy_tok, reads)

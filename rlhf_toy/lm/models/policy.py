@@ -17,10 +17,11 @@ class PolicyWithValueHead(nn.Module):
     def __init__(self, lm: nn.Module, temperature: float, value_hidden: int = 128) -> None:
         super().__init__()
         self.lm, self.temperature = lm, temperature
-        width = lm.config.n_embd
+        width = lm.config.hidden_size  # every architecture's name for it (GPT-2 maps n_embd)
         self.value_head = nn.Sequential(nn.Linear(width, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
         nn.init.zeros_(self.value_head[2].weight)
         nn.init.zeros_(self.value_head[2].bias)
+        self.value_head.to(next(lm.parameters()).device)
 
     def evaluate(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         prompt_ids, prompt_mask = observations

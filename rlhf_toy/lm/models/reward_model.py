@@ -4,38 +4,54 @@
 - Dropout is off (inherited from the SFT config).
 - Scores are normalized so that reference (SFT) samples have mean 0 and std 1; the two numbers live in the
   saved config (`reward_mean`, `reward_std`), so a plain `from_pretrained` + `score()` reproduces them.
+- Any architecture with a sequence-classification head works (GPT-2, Llama, GPT-NeoX, Qwen2: the trunk is the
+  model's `base_model_prefix` attribute, the head its `score`).
+- A reward model that shares the policy's tokenizer reads the generated token ids as they are; one with its
+  own tokenizer (the usual real setup) reads the decoded text, re-encoded with its tokenizer (`RewardModel`).
 Training (Bradley-Terry) is in `rlhf_toy.lm.algorithms.reward`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import Tensor
 
+from rlhf_toy.errors import UserError
 from rlhf_toy.masks import last_real_index
 
 from .causal_lm import position_ids
 from .chat import encode_prompts, encode_responses, pad_sequences
 
 
-def reward_model_from_sft(sft_dir: str, tok):
-    """A scalar-head model whose trunk is the SFT model's (the head starts untrained)."""
-    from pathlib import Path
-
+def reward_model_from(model_dir: str | Path, tok, what: str = "SFT"):
+    """A scalar-head model whose trunk is the causal LM's in `model_dir` (the head starts untrained)."""
     from transformers import AutoModelForSequenceClassification
 
     from .checkpoints import from_pretrained
 
-    rm = from_pretrained(AutoModelForSequenceClassification, Path(sft_dir), "SFT", num_labels=1)
+    rm = from_pretrained(AutoModelForSequenceClassification, Path(model_dir), what, num_labels=1)
     rm.config.pad_token_id = tok.pad_token_id
     return rm
 
 
+def trunk_and_head(rm) -> tuple[Any, Any]:
+    """The transformer trunk and the scalar head of a sequence classifier (LoRA-wrapped or not)."""
+    core = rm.get_base_model() if hasattr(rm, "get_base_model") else rm
+    return getattr(core, core.base_model_prefix), core.score
+
+
 def raw_scores(rm, ids: Tensor, mask: Tensor) -> Tensor:
     """Unnormalized scalar scores `[B]` read at the last real token."""
-    hidden = rm.transformer(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).last_hidden_state
-    last = hidden[torch.arange(ids.shape[0]), last_real_index(mask)]
-    return rm.score(last).squeeze(-1).float()
+    trunk, head = trunk_and_head(rm)
+    device = next(rm.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    hidden = trunk(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).last_hidden_state
+    last = hidden[torch.arange(ids.shape[0], device=device), last_real_index(mask)]
+    return head(last).squeeze(-1).float()
 
 
 def normalize(rm, scores: Tensor) -> Tensor:
@@ -54,7 +70,7 @@ def score_texts(rm, tok, prompts: list[str], responses: list[str], batch_size: i
     out = []
     for s in range(0, len(prompts), batch_size):
         ids, mask = encode_texts(tok, prompts[s:s + batch_size], responses[s:s + batch_size])
-        out.append(normalize(rm, raw_scores(rm, ids, mask)))
+        out.append(normalize(rm, raw_scores(rm, ids, mask)).cpu())
     return torch.cat(out) if out else torch.zeros(0)
 
 
@@ -74,6 +90,44 @@ def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: T
         seqs.append([t for t, keep in zip(p, pm) if keep] + resp)
     ids, mask = pad_sequences(seqs, pad_id, "left")
     return normalize(rm, raw_scores(rm, ids, mask))
+
+
+def same_tokenizer(a, b) -> bool:
+    return a.get_vocab() == b.get_vocab() and a.eos_token_id == b.eos_token_id
+
+
+@dataclass
+class RewardModel:
+    """A trained reward model with its own tokenizer, and how it reads the policy's replies.
+
+    `reads_ids`: it shares the policy's tokenizer and scores the generated token ids as they are (exactly the
+    tokens the policy produced); otherwise it scores the decoded text, re-encoded with its own tokenizer.
+    """
+
+    model: Any
+    tok: Any
+    reads_ids: bool
+
+    @classmethod
+    def for_policy(cls, model, rm_tok, policy_tok, reads: str = "auto") -> RewardModel:
+        """`reads`: auto (token ids when the tokenizers agree, else text), ids, or text."""
+        same = same_tokenizer(rm_tok, policy_tok)
+        if reads == "ids" and not same:
+            raise UserError("the reward model's tokenizer differs from the policy's, so it cannot read the policy's "
+                            "token ids; pass --reward_reads text (or auto)")
+        return cls(model.eval().requires_grad_(False), rm_tok, same if reads == "auto" else reads == "ids")
+
+    @torch.no_grad()
+    def score_texts(self, prompts: list[str], responses: list[str]) -> Tensor:
+        return score_texts(self.model, self.tok, prompts, responses)
+
+    @torch.no_grad()
+    def score_samples(self, s, policy_tok) -> Tensor:
+        """Normalized scores `[B]` of sampled replies (`Samples`), on the CPU."""
+        if self.reads_ids:
+            return score_token_ids(self.model, s.prompt_ids.cpu(), s.prompt_mask.cpu(), s.response_ids.cpu(),
+                                   s.response_mask.cpu(), policy_tok.eos_token_id, policy_tok.pad_token_id).cpu()
+        return self.score_texts(s.prompts, s.texts).cpu()
 
 
 MIN_NORM_STD = 0.05  # below this, scores barely vary: dividing by their std would blow rewards up

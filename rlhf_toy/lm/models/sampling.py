@@ -16,6 +16,7 @@ class Samples:
 
     `prompt_ids/prompt_mask [B, P]` (left-padded), `response_ids [B, R]` (PAD after EOS),
     `response_mask [B, R]` (1 up to and including EOS), `eos [B]` (True where the response ended with EOS).
+    Tensors live on the model's device.
     """
 
     prompts: list[str]
@@ -43,6 +44,7 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
     benchmarks), without changing the sampling distribution.
     """
     chunks = []
+    device = next(model.parameters()).device
     saved_eos = model.generation_config.eos_token_id
     if not stop_at_eos:
         model.generation_config.eos_token_id = None  # generate() would otherwise fall back to it and stop
@@ -50,6 +52,7 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start: start + batch_size]
             ids, mask = pad_sequences(encode_prompts(tok, chunk), tok.pad_token_id, "left")
+            ids, mask = ids.to(device), mask.to(device)
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
                                  top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
                                  eos_token_id=tok.eos_token_id if stop_at_eos else None)

@@ -22,6 +22,7 @@ from ..algorithms.rlhf import LM_PPO, RLHFConfig
 from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
 from ..models.causal_lm import ModelConfig
+from ..models.hf import LoraConfig
 from .overopt import OveroptConfig, run_overoptimization
 from .stages import (
     EvalConfig,
@@ -48,6 +49,7 @@ class SampleConfig:
     temperature: float = option("Sampling temperature.", 1.0)
     max_new_tokens: int = option("Longest reply.", 32)
     seed: int = option("Sampling seed.", 0)
+    device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
 
     def __post_init__(self) -> None:
         check(self.n >= 1, "n", self.n, ">= 1")
@@ -79,10 +81,13 @@ def _sample(cfg: SampleConfig) -> int:
 
     from ..models.chat import check_fits, encode_prompts
     from ..models.checkpoints import load_causal_lm
+    from ..models.hf import context_length, resolve_device
     from ..models.sampling import sample
 
     quiet_libraries()
+    device = resolve_device(cfg.device)
     model, tok = load_causal_lm(cfg.model_dir, "chat")
+    model.to(device)
     torch.manual_seed(cfg.seed)
     interactive = cfg.prompt is None and sys.stdin.isatty()
     lines = [cfg.prompt] if cfg.prompt is not None else sys.stdin
@@ -93,7 +98,7 @@ def _sample(cfg: SampleConfig) -> int:
         if not prompt:
             continue
         # As `ppo` does: refuse a reply length that does not fit, rather than shorten it without a word.
-        check_fits(encode_prompts(tok, [prompt]), model.config.n_positions, cfg.max_new_tokens + 1, "--prompt")
+        check_fits(encode_prompts(tok, [prompt]), context_length(model.config), cfg.max_new_tokens + 1, "--prompt")
         for reply in sample(model, tok, [prompt] * cfg.n, cfg.max_new_tokens, cfg.temperature).texts:
             print(f"user: {prompt}\nbot:  {reply}")
     return 0
@@ -102,15 +107,15 @@ def _sample(cfg: SampleConfig) -> int:
 COMMANDS = {
     "tokenizer": Command("Stage 1: train the BPE tokenizer on the task's text.", (RunConfig, TokenizerConfig),
                          lambda r, c: _print(stage_tokenizer(r, c))),
-    "sft": Command("Stage 2: supervised fine-tuning of a tiny GPT-2 (the reference model).",
+    "sft": Command("Stage 2: supervised fine-tuning of a tiny GPT-2 or of --base_model (the reference model).",
                    (RunConfig, ModelConfig, SFTConfig), lambda r, m, c: _print(stage_sft(r, m, c))),
     "preferences": Command("Stage 3: sample k replies per prompt, score them with the gold judge, pair them.",
                            (RunConfig, PreferenceConfig), lambda r, c: _print(stage_preferences(r, c))),
     "reward": Command("Stage 4: train the reward model (Bradley-Terry) and report held-out accuracy.",
-                      (RunConfig, RewardConfig), lambda r, c: _print(stage_reward(r, c))),
+                      (RunConfig, RewardConfig, LoraConfig), lambda r, c, lo: _print(stage_reward(r, c, lo))),
     "ppo": Command("Stage 5: PPO against the reward model with a KL penalty to the frozen SFT reference.",
-                   (RunConfig, RLHFConfig, PPOConfig, ResumeConfig),
-                   lambda r, c, p, x: _print(stage_ppo(r, c, p, x)), defaults=LM_PPO),
+                   (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
+                   lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo)), defaults=LM_PPO),
     "evaluate": Command("Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
                         (RunConfig, EvalConfig), lambda r, c: _print(stage_evaluate(r, c))),
     "all": Command("Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.",

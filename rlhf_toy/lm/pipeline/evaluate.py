@@ -1,7 +1,8 @@
 """Evaluation on held-out prompts: the SFT model, best-of-n from it (ranked by the reward model) and policies.
 
-For each: mean gold score, mean reward-model score, KL to the reference (sequence level, nats; best-of-n's is
-log n - (n - 1) / n), on-topic rate (tasks with a topic), distinct-2, repetition rate, and five samples.
+For each: mean gold score (± its standard error over prompts), mean reward-model score, KL to the reference
+(sequence level, nats; best-of-n's is log n - (n - 1) / n), on-topic rate (tasks with a topic), distinct-2,
+repetition rate, and five samples.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from rlhf_toy.logging import markdown_table
 from ..algorithms.kl import per_token_kl
 from ..data.tasks import Task, on_topic
 from ..models.causal_lm import response_logprobs
-from ..models.reward_model import score_texts
 from ..models.sampling import sample
 
 
@@ -36,7 +36,8 @@ def repetition_rate(texts: list[str]) -> float:
 def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: list[float]) -> dict[str, Any]:
     gold = task.judge(prompts, texts)
     return {
-        "gold": float(np.mean(gold)), "rm_score": float(np.mean(rm_scores)),
+        "gold": float(np.mean(gold)), "gold_se": float(np.std(gold, ddof=1) / math.sqrt(len(gold))) if len(gold) > 1
+        else float("nan"), "rm_score": float(np.mean(rm_scores)),
         "on_topic": float(np.mean([on_topic(p, r) for p, r in zip(prompts, texts)])) if task.has_topic else None,
         "distinct_2": distinct_2(texts), "repetition": repetition_rate(texts),
         "length_words": float(np.mean([len(t.split()) for t in texts])),
@@ -56,7 +57,7 @@ def evaluate_policy(name: str, model, ref_model, rm, tok, task: Task, prompts: l
     logp, _ = response_logprobs(model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     ref_logp, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     kl = (per_token_kl(logp, ref_logp, "k1") * s.response_mask).sum(1).mean().item()
-    scores = score_texts(rm, tok, prompts, s.texts).tolist()
+    scores = rm.score_texts(prompts, s.texts).tolist()
     return {"name": name, "kl": kl, "eos_rate": float(s.eos.float().mean()),
             **text_metrics(task, prompts, s.texts, scores)}
 
@@ -69,7 +70,7 @@ def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: l
     n_max = max(ns)
     flat_prompts = [p for p in prompts for _ in range(n_max)]
     texts = sample(sft_model, tok, flat_prompts, max_new_tokens, temperature).texts
-    scores = score_texts(rm, tok, flat_prompts, texts).view(len(prompts), n_max)
+    scores = rm.score_texts(flat_prompts, texts).view(len(prompts), n_max)
     rows = []
     for n in ns:
         best = scores[:, :n].argmax(1).tolist()
@@ -82,8 +83,9 @@ def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: l
 
 def evaluation_table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of every model's figures, then five sample conversations of each."""
-    head = ["model", "gold", "RM score", "KL (nats)", "on topic", "distinct-2", "repetition", "words"]
-    out = markdown_table(head, [[r["name"], f"{r['gold']:.3f}", f"{r['rm_score']:.2f}", f"{r['kl']:.2f}",
+    head = ["model", "gold ± s.e.", "RM score", "KL (nats)", "on topic", "distinct-2", "repetition", "words"]
+    out = markdown_table(head, [[r["name"], f"{r['gold']:.3f} ± {r['gold_se']:.3f}", f"{r['rm_score']:.2f}",
+                                 f"{r['kl']:.2f}",
                                  "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}", f"{r['distinct_2']:.3f}",
                                  f"{r['repetition']:.3f}", f"{r['length_words']:.1f}"] for r in rows])
     for r in rows:

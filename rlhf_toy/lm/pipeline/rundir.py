@@ -1,14 +1,15 @@
 """The run directory: its layout, and every load and save the stages make in it.
 
-    run_dir/tokenizer/                 1. the BPE tokenizer (transformers format)
+    run_dir/tokenizer/                 1. the BPE tokenizer (transformers format; none with --base_model)
+    run_dir/base_model/                2. a --base_model .gguf file de-quantized into an HF directory (once)
     run_dir/sft/, sft.json             2. SFT model + tokenizer; losses, entropy floor, samples
     run_dir/preferences/               3. `datasets.Dataset` of prompt/chosen/rejected (+ gold scores, label)
     run_dir/preferences.json           3. pair counts; preferences_eval.json: held-out groups with gold scores;
                                           reference_samples.json: one SFT sample per prompt (for normalization)
     run_dir/reward_model/, reward.json 4. scalar-head model + tokenizer; held-out accuracy, correlation
     run_dir/ppo/                       5. checkpoint/ (policy/ + trainer_state.pt, one atomic unit: for --resume),
-                                          policy/ (the finished policy), metrics.jsonl, curves.png, samples.json,
-                                          ppo.json
+                                          policy/ (the finished policy), adapter/ (LoRA runs: the adapters alone),
+                                          metrics.jsonl, curves.png, samples.json, ppo.json
     run_dir/eval.md, eval.json         6. SFT vs best-of-n vs PPO on held-out prompts
 """
 
@@ -27,20 +28,22 @@ from ..data.preferences import check_preferences
 from ..data.tasks import load_table
 from ..models.chat import load_tokenizer
 from ..models.checkpoints import load_causal_lm, load_reward_model, save_model
+from ..models.hf import is_lora, load_lora, merged_copy
 
 
 class PPODir:
     """One PPO run's output directory (run_dir/ppo by default).
 
-    `checkpoint/` is one atomic unit: the policy (`checkpoint/policy/`, a Hugging Face directory) and the rest
-    of the trainer's state (`checkpoint/trainer_state.pt`: value head, optimizer, beta, RNG states, settings)
-    are renamed into place together, so a kill at any moment leaves a consistent checkpoint. `policy/` is the
-    finished policy, written at the end of the run (`AutoModelForCausalLM.from_pretrained` loads it).
+    `checkpoint/` is one atomic unit: the policy (`checkpoint/policy/`, a Hugging Face directory, or for a LoRA
+    run its adapters) and the rest of the trainer's state (`checkpoint/trainer_state.pt`: value head, optimizer,
+    beta, RNG states, settings) are renamed into place together, so a kill at any moment leaves a consistent
+    checkpoint. `policy/` is the finished policy, written at the end of the run, adapters merged
+    (`AutoModelForCausalLM.from_pretrained` loads it); a LoRA run also writes `adapter/` (peft loads it).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = root = Path(path)
-        self.checkpoint, self.policy = root / "checkpoint", root / "policy"
+        self.checkpoint, self.policy, self.adapter = root / "checkpoint", root / "policy", root / "adapter"
         self.metrics, self.curves, self.samples, self.summary = (
             root / "metrics.jsonl", root / "curves.png", root / "samples.json", root / "ppo.json")
 
@@ -61,10 +64,14 @@ class PPODir:
             torch.save(state, tmp / "trainer_state.pt")
 
     def save_policy(self, model, tok) -> None:
-        save_model(self.policy, model, tok)
+        """The finished policy as a plain HF directory; for a LoRA model also its adapters alone."""
+        if is_lora(model):
+            save_model(self.adapter, model, tok)
+        save_model(self.policy, merged_copy(model), tok)
 
-    def load_checkpoint(self):
-        """`(policy model, tokenizer, trainer state)` of the last checkpoint, for --resume.
+    def load_checkpoint(self, sft_loader=None):
+        """`(policy model, tokenizer, trainer state)` of the last checkpoint, for --resume; a LoRA checkpoint's
+        adapters are put back on the model `sft_loader()` returns.
 
         The state is read with `weights_only=True`: tensors and plain Python types only, so a crafted file in
         the directory cannot run code.
@@ -81,7 +88,14 @@ class PPODir:
             first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
             raise UserError(f"{path} is not a readable trainer state ({type(exc).__name__}: {first}); delete "
                             f"{self.checkpoint} and start without --resume") from None
-        model, tok = load_causal_lm(self.checkpoint / "policy", "checkpointed policy")
+        policy = self.checkpoint / "policy"
+        if (policy / "adapter_config.json").is_file():
+            loaded = sft_loader() if sft_loader is not None else None
+            if loaded is None:
+                raise UserError(f"{policy} holds LoRA adapters; resume with the same --lora_r as the saved run")
+            base, tok = loaded
+            return load_lora(base, policy), tok, state
+        model, tok = load_causal_lm(policy, "checkpointed policy")
         return model, tok, state
 
     def load_metrics(self, upto: int) -> list[dict[str, Any]]:
@@ -103,6 +117,7 @@ class RunDir:
         # Directories (Hugging Face model or dataset directories) and the JSON files the stages share.
         self.tokenizer, self.sft, self.preferences, self.reward_model = (
             root / "tokenizer", root / "sft", root / "preferences", root / "reward_model")
+        self.base_model = root / "base_model"
         self.preferences_eval, self.reference_samples = root / "preferences_eval.json", root / "reference_samples.json"
 
     def ppo(self, name_or_path: str | None = None) -> PPODir:
@@ -124,12 +139,22 @@ class RunDir:
     def load_tokenizer(self):
         return load_tokenizer(self.tokenizer)
 
-    def load_sft(self):
-        """`(SFT model, its tokenizer)`: the starting policy and the frozen reference."""
-        return load_causal_lm(self.sft, "SFT")
+    def load_sft(self, device=None):
+        """`(SFT model, its tokenizer)`: the starting policy and the frozen reference (on `device` if given)."""
+        model, tok = load_causal_lm(self.sft, "SFT")
+        return (model if device is None else model.to(device)), tok
 
-    def load_reward_model(self, tok):
-        return load_reward_model(self.reward_model, tok)
+    def load_sft_tokenizer(self):
+        if not (self.sft / "config.json").is_file():
+            raise UserError(f"no SFT model in {self.sft}; run the 'sft' stage first (or pass the right --run_dir)")
+        return load_tokenizer(self.sft)
+
+    def load_reward_model(self, tok, reads: str = "auto", device=None):
+        """The reward model as a `RewardModel` (reading the policy's token ids or the text, see `reads`)."""
+        rm = load_reward_model(self.reward_model, tok, reads)
+        if device is not None:
+            rm.model.to(device)
+        return rm
 
     def load_preferences(self, preferences_file: str | None = None) -> dict[str, list]:
         """The preference pairs: the user's file if given, else the 'preferences' stage's dataset."""

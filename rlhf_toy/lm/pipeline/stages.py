@@ -29,7 +29,18 @@ from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_g
 from ..data.tasks import Task, get_task, on_topic
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import check_fits, check_tokenizer_matches, encode_prompts, train_tokenizer
-from ..models.reward_model import reward_model_from_sft, set_normalization
+from ..models.hf import (
+    LoraConfig,
+    add_lora,
+    autocast,
+    context_length,
+    load_base,
+    merged_copy,
+    require_peft,
+    resolve_base_model,
+    resolve_device,
+)
+from ..models.reward_model import reward_model_from, set_normalization, trunk_and_head
 from ..models.sampling import sample
 from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table
 from .rundir import RunDir
@@ -40,6 +51,10 @@ class RunConfig:
     """Where a run lives and what it trains on."""
 
     run_dir: str = option("Directory of the run (all stages).", "runs/helpdesk")
+    base_model: str | None = option(
+        "Pretrained causal LM to start from instead of the tiny GPT-2: a directory (model + tokenizer), a .gguf "
+        "file, or smollm2 (needs the 'smollm2' extra). Read by the sft stage; later stages read run_dir/sft.", None)
+    device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
     task: str = option("Built-in task: helpdesk or chatterbot.", "helpdesk")
     data: str | None = option("Your own prompt/response file (JSONL, CSV, parquet).", None)
     preferences_file: str | None = option("Your own preference file (prompt/chosen/rejected) for the reward stage.",
@@ -59,9 +74,14 @@ class RunConfig:
     def dir(self) -> RunDir:
         return RunDir(self.run_dir)
 
+    @property
+    def torch_device(self) -> torch.device:
+        return resolve_device(self.device)
+
     def start(self) -> Task:
         """Quiet the libraries, seed everything, and load the task (data and gold judge)."""
         quiet_libraries()
+        resolve_device(self.device)  # a missing GPU is an error before any work
         seed_everything(self.seed, self.threads)
         task = get_task(self.task, self.data, self.judge, self.seed)
         if self.max_train_pairs is not None:
@@ -103,6 +123,8 @@ class TokenizerConfig:
 
 @writes_run_dir
 def stage_tokenizer(run: RunConfig, cfg: TokenizerConfig) -> dict[str, Any]:
+    if run.base_model:  # nothing to train: the sft stage saves the base model's own tokenizer with it
+        return {"stage": "tokenizer", "skipped": f"--base_model {run.base_model} brings its own tokenizer"}
     task = run.start()
     tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], cfg.vocab_size)
     run.dir.save_tokenizer(tok)
@@ -122,22 +144,36 @@ def on_topic_rate(prompts: list[str], responses: list[str]) -> float:
     return sum(on_topic(p, r) for p, r in zip(prompts, responses)) / max(1, len(prompts))
 
 
+def start_model(run: RunConfig, model_cfg: ModelConfig):
+    """`(model on the run's device, tokenizer, context length)`: the base model, or a fresh tiny GPT-2."""
+    rd = run.dir
+    if run.base_model:
+        model, tok = load_base(resolve_base_model(run.base_model, rd.base_model))
+        return model.to(run.torch_device), tok, context_length(model.config)
+    tok = rd.load_tokenizer()
+    return new_causal_lm(tok, model_cfg, run.seed).to(run.torch_device), tok, model_cfg.n_positions
+
+
 @writes_run_dir
 def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[str, Any]:
     task = run.start()
     rd = run.dir
-    tok = rd.load_tokenizer()
+    if cfg.epochs == 0 and not run.base_model:
+        raise UserError("--epochs 0 (no SFT) needs --base_model: a fresh tiny GPT-2 knows nothing yet")
+    model, tok, context = start_model(run, model_cfg)
     if run.data:  # your own data: a prompt that cannot fit is an error, not something to drop quietly
-        check_fits(encode_prompts(tok, [p for p, _ in task.train + task.eval]), model_cfg.n_positions, 4, "--data")
-    train_ids, dropped = encode_pairs(tok, task.train, model_cfg.n_positions)
-    eval_ids, _ = encode_pairs(tok, task.eval, model_cfg.n_positions)
-    check_fits(encode_prompts(tok, task.eval_prompts), model_cfg.n_positions, 4, "held-out")
-    model = new_causal_lm(tok, model_cfg, run.seed)
-    history = train_sft(model, tok, train_ids, eval_ids, cfg, run.seed, run.progress)
+        check_fits(encode_prompts(tok, [p for p, _ in task.train + task.eval]), context, 4, "--data")
+    check_fits(encode_prompts(tok, task.eval_prompts), context, 4, "held-out")
+    train_ids, dropped, history = [], 0, {"eval_loss": [None]}
+    if cfg.epochs > 0:
+        train_ids, dropped = encode_pairs(tok, task.train, context)
+        eval_ids, _ = encode_pairs(tok, task.eval, context)
+        with autocast(run.torch_device):
+            history = train_sft(model, tok, train_ids, eval_ids, cfg, run.seed, run.progress)
     torch.manual_seed(run.seed)
-    prompts = task.eval_prompts[:200]
-    s = sample(model, tok, prompts, max_new_tokens=model_cfg.n_positions // 2)
-    floor = entropy_floor(task, eval_ids)
+    prompts = task.eval_prompts[: cfg.sample_prompts]
+    s = sample(model, tok, prompts, max_new_tokens=min(context // 2, cfg.sample_tokens))
+    floor = entropy_floor(task, eval_ids) if cfg.epochs > 0 else None
     metrics = {
         "stage": "sft", "params": sum(p.numel() for p in model.parameters()), "train_pairs": len(train_ids),
         "dropped_pairs_too_long": dropped, "eval_loss": history["eval_loss"][-1], "entropy_floor": floor,
@@ -145,7 +181,8 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
         "gold_mean": sum(task.judge(s.prompts, s.texts)) / len(prompts), "eos_rate": float(s.eos.float().mean()),
         "on_topic_rate": on_topic_rate(s.prompts, s.texts) if task.has_topic else None,
         "samples": [{"prompt": p, "response": r} for p, r in list(zip(s.prompts, s.texts))[:5]],
-        "history": history, "config": {**asdict(model_cfg), **asdict(cfg)},
+        "history": history, "base_model": run.base_model,
+        "config": asdict(cfg) if run.base_model else {**asdict(model_cfg), **asdict(cfg)},
     }
     rd.save_model(rd.sft, model, tok)
     rd.save_json(rd.report("sft.json"), metrics)
@@ -160,9 +197,9 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
 
     task = run.start()
     rd = run.dir
-    model, tok = rd.load_sft()
+    model, tok = rd.load_sft(run.torch_device)
     prompts = task.train_prompts[: cfg.n_prompts]
-    check_fits(encode_prompts(tok, prompts), model.config.n_positions, cfg.max_new_tokens, "training")
+    check_fits(encode_prompts(tok, prompts), context_length(model.config), cfg.max_new_tokens, "training")
     t0 = time.perf_counter()
     groups = sample_groups(model, tok, prompts, task.judge, cfg, run.seed)
     rows = pairs_from_groups(groups, cfg, run.seed)
@@ -185,29 +222,53 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
 
 # 4. Reward model ---------------------------------------------------------------------------------------------
 
+def start_reward_model(run: RunConfig, cfg: RewardConfig, lora: LoraConfig):
+    """`(scalar-head model on the run's device, its tokenizer)`: from the SFT trunk, or from `--reward_base` (a
+    separate model with its own tokenizer); the trunk frozen, with LoRA adapters, or fully trainable."""
+    rd = run.dir
+    if cfg.reward_base:
+        source = resolve_base_model(cfg.reward_base, rd.path / "reward_base")
+        _, tok = load_base(source)
+        what = "reward base"
+    else:
+        source, what = rd.sft, "SFT"
+        tok = rd.load_sft_tokenizer()
+    rm = reward_model_from(source, tok, what)
+    check_tokenizer_matches(tok, rm, "reward model")
+    if cfg.freeze_trunk:
+        trunk, _ = trunk_and_head(rm)
+        trunk.requires_grad_(False)
+    if lora.enabled:
+        rm = add_lora(rm, lora, "SEQ_CLS")
+    return rm.to(run.torch_device), tok
+
+
 @writes_run_dir
-def stage_reward(run: RunConfig, cfg: RewardConfig) -> dict[str, Any]:
+def stage_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = None) -> dict[str, Any]:
     run.start()
     rd = run.dir
+    lora = lora or LoraConfig()
+    if lora.enabled:
+        require_peft()
     pairs = rd.load_preferences(run.preferences_file)
-    sft, tok = rd.load_sft()
-    check_fits(encode_prompts(tok, pairs["prompt"]), sft.config.n_positions, 2, "preference")
-    rm = reward_model_from_sft(str(rd.sft), tok)
-    check_tokenizer_matches(tok, rm, "reward model")
+    rm, tok = start_reward_model(run, cfg, lora)
+    check_fits(encode_prompts(tok, pairs["prompt"]), context_length(rm.config), 2, "preference")
     held_pairs = None
     if run.preferences_file and cfg.heldout_fraction > 0:  # a user's file: hold out a seeded share of its prompts
         pairs, held_pairs = split_pairs(pairs, cfg.heldout_fraction, run.seed)
         if not held_pairs["prompt"] or not pairs["prompt"]:
             raise UserError(f"{run.preferences_file} has too few prompts to hold out {cfg.heldout_fraction:.0%} of "
                             "them; add pairs or pass --heldout_fraction 0")
-    history = train_reward_model(rm, tok, pairs, cfg, run.seed, run.progress)
+    with autocast(run.torch_device):
+        history = train_reward_model(rm, tok, pairs, cfg, run.seed, run.progress)
+    rm = merged_copy(rm)  # LoRA adapters folded in: a plain transformers model from here on
     # Normalize on reference samples (one SFT sample per prompt) when the preferences stage wrote them; on a
     # user's file, on both sides of its training pairs.
     ref = rd.load_json(rd.reference_samples) or {"prompts": pairs["prompt"] * 2,
                                                  "responses": pairs["chosen"] + pairs["rejected"]}
     mean, std = set_normalization(rm, tok, ref["prompts"], ref["responses"])
     metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "norm_mean": mean, "norm_std": std,
-                               **history, "config": asdict(cfg)}
+                               **history, "config": {**asdict(cfg), **asdict(lora)}}
     if held_pairs is not None:
         metrics.update({f"heldout_{k}": v for k, v in pair_accuracy(rm, tok, held_pairs).items()})
     elif not run.preferences_file and (held := rd.load_json(rd.preferences_eval)) is not None:
@@ -262,20 +323,27 @@ def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> Non
                         "values (only --steps and --save_every may change) or start a new --ppo_dir")
 
 
-def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeConfig) -> dict[str, Any]:
+def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeConfig,
+              lora: LoraConfig | None = None) -> dict[str, Any]:
     task = run.start()
     rd = run.dir
+    lora = lora or LoraConfig()
+    if lora.enabled:
+        require_peft()
+    device = run.torch_device
     out = rd.ppo(resume.ppo_dir)
-    settings = run_settings(run, cfg, ppo)
+    settings = {**run_settings(run, cfg, ppo), **asdict(lora)}
     with out.lock():
         state = None
         if resume.resume:
-            model, tok, state = out.load_checkpoint()
+            model, tok, state = out.load_checkpoint(lambda: rd.load_sft(device) if lora.enabled else None)
             check_resume_settings(state.get("settings", {}), settings)
         else:
-            model, tok = rd.load_sft()
-        ref_model, _ = rd.load_sft()
-        rm = rd.load_reward_model(tok)
+            model, tok = rd.load_sft(device)
+            if lora.enabled:  # the adapters train; the reference is the same network with them off
+                model = add_lora(model, lora, "CAUSAL_LM")
+        ref_model = None if lora.enabled else rd.load_sft(device)[0]
+        rm = rd.load_reward_model(tok, cfg.reward_reads, device)
         trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
                               ref_model=ref_model)
         if state is not None:
@@ -327,6 +395,7 @@ class EvalConfig:
     eval_prompts: int = option("Held-out prompts to evaluate on.", 200)
     best_of: str = option("Comma-separated n for best-of-n baselines (empty: none).", "4,16,64")
     policies: str = option("Comma-separated PPO output dirs under run_dir.", "ppo")
+    reference_name: str = option("Row name of the reference model (the starting policy).", "SFT")
     temperature: float = option("Sampling temperature for every model.", 1.0)
     max_new_tokens: int = option("Longest response.", 32)
     best_of_ns: list[int] = derived()
@@ -350,20 +419,21 @@ def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
     if missing:  # fail before sampling anything
         raise UserError(f"no trained policy in {', '.join(str(policy_dirs[m].policy) for m in missing)}; run the "
                         "'ppo' stage first or pass --policies with existing PPO directories ('' for none)")
-    sft, tok = rd.load_sft()
-    rm = rd.load_reward_model(tok)
+    sft, tok = rd.load_sft(run.torch_device)
+    rm = rd.load_reward_model(tok, device=run.torch_device)
     prompts = task.eval_prompts[: cfg.eval_prompts]
-    rows = [evaluate_policy("SFT", sft, sft, rm, tok, task, prompts, cfg.temperature, cfg.max_new_tokens, run.seed)]
+    rows = [evaluate_policy(cfg.reference_name, sft, sft, rm, tok, task, prompts, cfg.temperature, cfg.max_new_tokens,
+                            run.seed)]
     if cfg.best_of_ns:
         rows += evaluate_best_of_n(sft, rm, tok, task, prompts, cfg.best_of_ns, cfg.temperature, cfg.max_new_tokens,
                                    run.seed)
     for name, d in policy_dirs.items():
         policy, _ = d.load_policy(name)
-        rows.append(evaluate_policy(f"PPO ({name})", policy, sft, rm, tok, task, prompts, cfg.temperature,
-                                    cfg.max_new_tokens, run.seed))
+        rows.append(evaluate_policy(f"PPO ({name})", policy.to(run.torch_device), sft, rm, tok, task, prompts,
+                                    cfg.temperature, cfg.max_new_tokens, run.seed))
     table = evaluation_table(rows)
     rd.save_text(rd.report("eval.md"), table)
     rd.save_json(rd.report("eval.json"), {"rows": rows, "prompts": len(prompts)})
     print(table)
-    return {"stage": "evaluate", "rows": {r["name"]: {k: r[k] for k in ("gold", "rm_score", "kl", "on_topic")}
-                                          for r in rows}}
+    keys = ("gold", "gold_se", "rm_score", "kl", "on_topic")
+    return {"stage": "evaluate", "rows": {r["name"]: {k: r[k] for k in keys} for r in rows}}

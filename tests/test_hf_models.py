@@ -1,0 +1,234 @@
+"""Any Hugging Face causal LM: tiny random GPT-2, Llama, GPT-NeoX and Qwen2 models built offline.
+
+Padding and positions, chat templates, a PAD-less tokenizer, the whole pipeline from `--base_model`, a rule
+reward rising under PPO, LoRA (reference = adapters off, merged save), a reward model with its own tokenizer,
+and the bad inputs of a real-model run.
+"""
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from rlhf_toy.errors import run_cli
+from rlhf_toy.lm.algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+from rlhf_toy.lm.data import helpdesk
+from rlhf_toy.lm.models.causal_lm import response_logprobs
+from rlhf_toy.lm.models.chat import encode_prompts, encode_responses, pad_sequences
+from rlhf_toy.lm.models.hf import LoraConfig, add_lora, load_base
+from rlhf_toy.lm.pipeline.cli import main
+from rlhf_toy.lm.pipeline.rundir import PPODir
+from tests.hf_models import ARCHS, VOCAB, tiny_model_dir
+
+PROMPTS = list(dict.fromkeys(d.prompt for d in helpdesk.generate(200, seed=0)))
+
+
+def rlhf(*args):
+    return run_cli(main, [*args, "--progress", "False", "--threads", "1"])
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bases")
+    return {arch: tiny_model_dir(arch, root / arch) for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padding_gives_the_log_probs_of_unpadded_sequences(bases, arch):
+    model, tok = load_base(bases[arch])
+    prompts = ["My printer won't start.", "Hi, my old television at home keeps freezing since yesterday."]
+    ids = encode_prompts(tok, prompts)
+    assert len(ids[0]) < len(ids[1])
+    prompt_ids, prompt_mask = pad_sequences(ids, tok.pad_token_id, "left")
+    response = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    batched, _ = response_logprobs(model, prompt_ids, prompt_mask, response)
+    for i, p in enumerate(ids):
+        alone, _ = response_logprobs(model, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long), response[i:i + 1])
+        torch.testing.assert_close(batched[i], alone[0], atol=1e-5, rtol=1e-4)
+
+
+def test_chat_template_prompt_and_eos_ended_reply(bases):
+    _, tok = load_base(bases["llama"])
+    assert tok.pad_token_id == tok.eos_token_id  # no PAD of its own: filled with EOS, masks come from lengths
+    (ids,) = encode_prompts(tok, ["Hello"])
+    assert tok.decode(ids) == "<|im_start|>user\nHello</s>\n<|im_start|>assistant\n"
+    (reply,) = encode_responses(tok, ["Sure."])
+    assert reply[-1] == tok.eos_token_id and tok.bos_token_id not in reply
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ppo_raises_a_rule_reward_on_each_architecture(bases, arch):
+    model, tok = load_base(bases[arch])
+
+    def share_of_e(prompts, texts):
+        return [sum(c == "e" for c in t) / max(1, len(t)) for t in texts]
+
+    trainer = RLHFTrainer(model, share_of_e, tok, RLHFConfig(steps=40, batch_size=16, max_new_tokens=8, kl_coef=0.01,
+                                                             value_lr_scale=1.0),
+                          lm_ppo_config(learning_rate=1e-2, minibatch_size=8), PROMPTS, seed=0)
+    rows = [trainer.step() for _ in range(40)]
+    first = sum(r["objective/score"] for r in rows[:5]) / 5
+    last = sum(r["objective/score"] for r in rows[-5:]) / 5
+    assert last > first + 0.1, (first, last)
+    assert all(math.isfinite(r["objective/kl"]) for r in rows)
+
+
+STAGES = {
+    "sft": ["--epochs", "1", "--batch_size", "16", "--learning_rate", "1e-3", "--max_train_pairs", "64",
+            "--sample_prompts", "8", "--sample_tokens", "8"],
+    "preferences": ["--n_prompts", "12", "--k", "2", "--n_eval_prompts", "4", "--max_new_tokens", "8"],
+    "reward": ["--batch_size", "8", "--min_steps", "3"],
+    "ppo": ["--steps", "2", "--batch_size", "8", "--minibatch_size", "4", "--max_new_tokens", "8"],
+    "evaluate": ["--eval_prompts", "8", "--best_of", "2", "--max_new_tokens", "8"],
+}
+
+
+def run_stages(run, base, *names, extra=()):
+    for name in names:
+        code = rlhf(name, "--run_dir", str(run), "--base_model", str(base), "--judge", "tests.judges:length",
+                    *STAGES[name], *extra)
+        assert code == 0, name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_stage_runs_from_a_base_model(bases, arch, tmp_path):
+    run = tmp_path / "run"
+    assert rlhf("tokenizer", "--run_dir", str(run), "--base_model", str(bases[arch])) == 0
+    run_stages(run, bases[arch], "sft", "preferences", "reward", "ppo", "evaluate")
+    assert (run / "ppo" / "policy" / "config.json").is_file()
+    rows = json.loads((run / "eval.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["SFT", "best-of-2", "PPO (ppo)"]
+    assert json.loads((run / "sft.json").read_text())["base_model"] == str(bases[arch])
+
+
+def test_no_sft_makes_the_base_model_the_reference(bases, tmp_path):
+    run = tmp_path / "run"
+    assert rlhf("sft", "--run_dir", str(run), "--base_model", str(bases["qwen2"]), "--epochs", "0",
+                "--sample_prompts", "4", "--sample_tokens", "4") == 0
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(run / "sft").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(bases["qwen2"]).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+# LoRA -----------------------------------------------------------------------------------------------------------
+
+def perturbed_lora(base):
+    """`base` with LoRA adapters whose B matrices are non-zero (fresh adapters are the identity)."""
+    model = add_lora(base, LoraConfig(lora_r=4), "CAUSAL_LM")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model
+
+
+def some_logprobs(model, tok):
+    ids, mask = pad_sequences(encode_prompts(tok, PROMPTS[:3]), tok.pad_token_id, "left")
+    response = torch.randint(3, VOCAB, (3, 5), generator=torch.Generator().manual_seed(0))
+    return response_logprobs(model, ids, mask, response)[0]
+
+
+def test_lora_reference_is_the_base_model_with_adapters_off(bases):
+    base, tok = load_base(bases["llama"])
+    expected = some_logprobs(base, tok)
+    lora = perturbed_lora(load_base(bases["llama"])[0])
+    with lora.disable_adapter():
+        torch.testing.assert_close(some_logprobs(lora, tok), expected)
+    assert not torch.allclose(some_logprobs(lora, tok), expected, atol=1e-3)
+
+
+def test_lora_merged_save_loads_with_plain_transformers(bases, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base, tok = load_base(bases["gpt_neox"])
+    lora = perturbed_lora(base)
+    expected = some_logprobs(lora, tok)
+    out = PPODir(tmp_path / "ppo")
+    out.save_policy(lora, tok)
+    merged = AutoModelForCausalLM.from_pretrained(out.policy).eval()
+    torch.testing.assert_close(some_logprobs(merged, tok), expected, atol=1e-5, rtol=1e-4)
+    again = PeftModel.from_pretrained(load_base(bases["gpt_neox"])[0], str(out.adapter)).eval()
+    torch.testing.assert_close(some_logprobs(again, tok), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_lora_ppo_and_reward_model_run_and_resume(bases, tmp_path):
+    run = tmp_path / "run"
+    run_stages(run, bases["llama"], "sft", "preferences")
+    lora = ["--lora_r", "4"]
+    run_stages(run, bases["llama"], "reward", "ppo", extra=lora)
+    assert (run / "ppo" / "adapter" / "adapter_config.json").is_file()
+    assert (run / "ppo" / "checkpoint" / "policy" / "adapter_config.json").is_file()
+    assert not (run / "reward_model" / "adapter_config.json").exists()  # merged: a plain transformers model
+    base = ["--run_dir", str(run), "--judge", "tests.judges:length", *STAGES["ppo"][2:]]
+    assert rlhf("ppo", *base, "--steps", "3", "--resume", "True", *lora) == 0
+    assert json.loads((run / "ppo" / "ppo.json").read_text())["steps"] == 3
+    assert rlhf("ppo", *base, "--steps", "4", "--resume", "True") == 2  # the saved run had LoRA
+
+
+# A reward model with its own tokenizer --------------------------------------------------------------------------
+
+def test_reward_model_of_another_family_reads_the_text(bases, tmp_path, capsys):
+    run = tmp_path / "run"
+    run_stages(run, bases["gpt2"], "sft", "preferences")
+    assert rlhf("reward", "--run_dir", str(run), "--reward_base", str(bases["qwen2"]), *STAGES["reward"]) == 0
+    run_stages(run, bases["gpt2"], "ppo", "evaluate")
+    capsys.readouterr()
+    assert rlhf("ppo", "--run_dir", str(run), "--ppo_dir", "ids", "--reward_reads", "ids", *STAGES["ppo"]) == 2
+    assert "cannot read the policy's token ids" in capsys.readouterr().err
+
+
+# Bad input ------------------------------------------------------------------------------------------------------
+
+def sft_error(run, base, capsys, *extra):
+    assert rlhf("sft", "--run_dir", str(run), "--base_model", str(base), *extra) == 2
+    assert not (run / "sft").exists()
+    return capsys.readouterr().err
+
+
+def test_base_model_directory_without_config(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert "has no config.json" in sft_error(tmp_path / "run", tmp_path / "empty", capsys)
+
+
+def test_missing_gguf_file(tmp_path, capsys):
+    assert "no GGUF file" in sft_error(tmp_path / "run", tmp_path / "model.gguf", capsys)
+
+
+def test_architecture_without_a_causal_lm_head(tmp_path, capsys):
+    from transformers import DistilBertConfig, DistilBertModel
+
+    DistilBertModel(DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(
+        tmp_path / "bert")
+    assert "no causal-LM head" in sft_error(tmp_path / "run", tmp_path / "bert", capsys)
+
+
+def test_lora_without_peft(bases, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    assert rlhf("ppo", "--run_dir", str(tmp_path / "run"), "--lora_r", "4") == 2
+    assert "needs peft" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu(bases, tmp_path, capsys):
+    assert "no GPU" in sft_error(tmp_path / "run", bases["gpt2"], capsys, "--device", "cuda")
+
+
+def test_chat_template_that_does_not_fit_the_context(bases, tmp_path, capsys):
+    base = tmp_path / "long_template"
+    shutil.copytree(bases["llama"], base)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    template = "{{ '" + "You are a patient and thorough help-desk assistant. " * 20 + "' }}"
+    config["chat_template"] = template + config.get("chat_template", "")
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    for f in base.glob("chat_template.*"):
+        f.write_text(template + f.read_text())
+    assert "too long for the context of 128" in sft_error(tmp_path / "run", base, capsys)
