@@ -45,7 +45,8 @@ def test_left_padding_gives_the_log_probs_of_unpadded_sequences(bases, arch):
     response = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     batched, _ = response_logprobs(model, prompt_ids, prompt_mask, response)
     for i, p in enumerate(ids):
-        alone, _ = response_logprobs(model, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long), response[i:i + 1])
+        one = torch.tensor([p])
+        alone, _ = response_logprobs(model, one, torch.ones_like(one), response[i:i + 1])
         torch.testing.assert_close(batched[i], alone[0], atol=1e-5, rtol=1e-4)
 
 
