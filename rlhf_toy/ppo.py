@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .config import check, option
-from .losses import clipped_policy_loss, explained_variance, value_loss
+from .losses import clipped_policy_loss, explained_variance, kl_k3, policy_gradient_loss, value_loss
 from .masks import masked_mean, masked_whiten
 
 
@@ -24,7 +24,8 @@ class RolloutBatch(NamedTuple):
 
     `observations` is a tensor `[B, ...]` or a tuple/dict of them (e.g. token ids and attention mask);
     `actions` is `[B, ...]`; the per-step tensors below share one shape `[B, *S]` (`S` empty for env
-    steps, `[L]` for L tokens). `mask` marks the real steps (None = all real).
+    steps, `[L]` for L tokens). `mask` marks the real steps (None = all real). `ref_logprobs` (optional) are a
+    frozen reference policy's log-probs of the actions, for a KL penalty in the loss (GRPO's).
     """
 
     observations: Any
@@ -34,6 +35,7 @@ class RolloutBatch(NamedTuple):
     advantages: Tensor
     returns: Tensor
     mask: Tensor | None = None
+    ref_logprobs: Tensor | None = None
 
 
 class ActorCritic(Protocol):
@@ -121,38 +123,47 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, lr: float,
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "kl_loss")
+POLICY_LOSSES = ("clipped", "pg")  # PPO's clipped surrogate (clip_range None: unclipped); plain REINFORCE
 
 
 def minibatch(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
     """The samples `idx` of a batch (every field, observations of any structure)."""
     return RolloutBatch(index_observations(batch.observations, idx), batch.actions[idx], batch.logprobs[idx],
                         batch.values[idx], batch.advantages[idx], batch.returns[idx],
-                        None if batch.mask is None else batch.mask[idx])
+                        None if batch.mask is None else batch.mask[idx],
+                        None if batch.ref_logprobs is None else batch.ref_logprobs[idx])
 
 
 def minibatch_loss(logprobs: Tensor, entropy: Tensor, values: Tensor, mb: RolloutBatch, cfg: PPOConfig,
-                   clip_range: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+                   clip_range: float | None, policy_loss: str = "clipped",
+                   kl_loss_coef: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's loss on one minibatch, from the policy's fresh `(logprobs, entropy, values)` (each `[b, *S]`).
 
-    Advantages are normalized over the minibatch's real steps (if enabled), then: clipped surrogate
-    + vf_coef * (clipped) value loss - ent_coef * entropy. Returns the scalar loss and its parts
-    (`policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`; diagnostics detached).
+    Advantages are normalized over the minibatch's real steps (if enabled), then: the policy loss (`clipped`:
+    the clipped surrogate; `pg`: REINFORCE's -log pi * A) + vf_coef * (clipped) value loss - ent_coef * entropy
+    (+ kl_loss_coef * k3 KL to `mb.ref_logprobs`, GRPO's KL in the loss). Returns the scalar loss and its parts
+    (`policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`, `kl_loss`; diagnostics detached).
     A pure function of tensors: `torch.vmap` runs it per agent for a population (`rlhf_toy.population`).
     """
     advantages = mb.advantages
     if cfg.normalize_advantages and advantages.numel() > 1:
         advantages = masked_whiten(advantages, mb.mask)
     pg = clipped_policy_loss(logprobs, mb.logprobs, advantages, clip_range, mb.mask)
+    p_loss = pg.loss if policy_loss == "clipped" else policy_gradient_loss(logprobs, advantages, mb.mask)
     v_loss = value_loss(values, mb.values, mb.returns, cfg.clip_range_vf, mb.mask)
-    loss = pg.loss + cfg.vf_coef * v_loss
+    loss = p_loss + cfg.vf_coef * v_loss
+    kl = torch.zeros((), device=logprobs.device)
+    if kl_loss_coef > 0 and mb.ref_logprobs is not None:
+        kl = masked_mean(kl_k3(logprobs, mb.ref_logprobs), mb.mask)
+        loss = loss + kl_loss_coef * kl
     if cfg.ent_coef > 0:
         ent = masked_mean(entropy, mb.mask)
         loss = loss - cfg.ent_coef * ent
     else:  # keep the entropy out of the graph: a backward pass through it costs time for nothing
         ent = masked_mean(entropy.detach(), mb.mask)
-    return loss, {"policy_loss": pg.loss, "value_loss": v_loss, "entropy": ent, "approx_kl": pg.approx_kl,
-                  "clip_fraction": pg.clip_fraction}
+    return loss, {"policy_loss": p_loss, "value_loss": v_loss, "entropy": ent, "approx_kl": pg.approx_kl,
+                  "clip_fraction": pg.clip_fraction, "kl_loss": kl.detach()}
 
 
 def ppo_update(
@@ -164,15 +175,21 @@ def ppo_update(
     progress: float = 0.0,
     generator: torch.Generator | None = None,
     lr_scales: Sequence[float] | None = None,
+    policy_loss: str = "clipped",
+    kl_loss_coef: float = 0.0,
 ) -> dict[str, float]:
     """Run `cfg.n_epochs` epochs of shuffled minibatches of PPO on `batch`. Returns mean diagnostics.
 
     `policy` implements `ActorCritic`; `progress` in [0, 1] drives learning-rate and clip annealing;
     `generator` makes the shuffling reproducible; `lr_scales` gives each optimizer param group its learning rate
     as a multiple of the scheduled one (default: 1 for every group; e.g. a freshly initialised value head may
-    learn faster than a pretrained language model). Each minibatch: normalize advantages (if enabled, over
+    learn faster than a pretrained language model). `policy_loss` "pg" makes it REINFORCE's update (RLOO's
+    too) and `kl_loss_coef` adds a k3 KL to `batch.ref_logprobs` to the loss (GRPO's); see `minibatch_loss`.
+    Each minibatch: normalize advantages (if enabled, over
     its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
     """
+    if policy_loss not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss must be one of {POLICY_LOSSES}, not {policy_loss!r}")
     lr, clip_range = current_schedule(cfg, progress)
     params = set_learning_rates(optimizer, lr, lr_scales)
 
@@ -183,7 +200,7 @@ def ppo_update(
         for idx in torch.randperm(n, generator=generator).split(cfg.minibatch_size):
             mb = minibatch(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
-            loss, parts = minibatch_loss(logprobs, entropy, values, mb, cfg, clip_range)
+            loss, parts = minibatch_loss(logprobs, entropy, values, mb, cfg, clip_range, policy_loss, kl_loss_coef)
             if cfg.target_kl is not None and parts["approx_kl"].item() > 1.5 * cfg.target_kl:
                 early_stop = True  # this minibatch already moved too far: stop before stepping on it
                 break

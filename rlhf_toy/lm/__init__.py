@@ -14,3 +14,11 @@ Sub-packages, from the bottom up:
 A new algorithm goes in `algorithms/` (on `rlhf_toy.advantages`, `losses`, `ppo`), a new model family in
 `models/`, a new stage or command in `pipeline/`.
 """
+
+from .algorithms.rlhf import LM_PPO, RLHFConfig, RLHFTrainer, lm_ppo_config
+from .models.checkpoints import save_model
+from .models.hf import LoraConfig, add_lora, load_base, resolve_device
+from .models.reward_model import RewardModel
+
+__all__ = ["LM_PPO", "LoraConfig", "RLHFConfig", "RLHFTrainer", "RewardModel", "add_lora", "lm_ppo_config", "load_base",
+           "resolve_device", "save_model"]

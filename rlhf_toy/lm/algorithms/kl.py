@@ -28,7 +28,7 @@ def shaped_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Ten
     """`scores [B]`, `kl [B, R]`, `mask [B, R]` -> rewards `[B, R]`: -beta * KL on real tokens, plus the
     score at the last real token; 0 on padding."""
     rewards = -beta * kl * mask
-    rewards[torch.arange(scores.shape[0]), last_real_index(mask)] += scores
+    rewards[torch.arange(scores.shape[0], device=mask.device), last_real_index(mask)] += scores
     return rewards
 
 

@@ -31,12 +31,14 @@ class RewardConfig:
     reward_base: str | None = option(
         "Train the reward model from this model instead of the SFT model: a directory, a .gguf file or smollm2; "
         "it keeps its own tokenizer and scores the policy's replies as text.", None)
-    freeze_trunk: bool = option("Train the scalar head only (fast on a large model; LoRA adapters still train).",
-                                False)
+    trainable_layers: int = option(
+        "Transformer blocks that train, counted from the top (-1: all; 0: the scalar head only). Fewer is faster on "
+        "a large model: the backward pass stops below them. LoRA adapters train in every block regardless.", -1)
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         check(self.min_steps >= 1, "min_steps", self.min_steps, ">= 1")
+        check(self.trainable_layers >= -1, "trainable_layers", self.trainable_layers, ">= -1 (-1: all)")
         check(0 <= self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in [0, 1), e.g. 0.1")
         check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 5e-4")

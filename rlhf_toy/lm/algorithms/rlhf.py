@@ -17,10 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlhf_toy.advantages import gae
 from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError
-from rlhf_toy.masks import last_real_index, masked_mean, masked_whiten
+from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
 
 from ..models.causal_lm import response_logprobs
@@ -31,6 +30,7 @@ from ..models.reward_model import RewardModel, score_token_ids
 from ..models.sampling import Samples, sample
 from .distributed import mean_across_ranks, rank_and_world
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
+from .online import POLICY_LOSS, advantages_and_returns, check_algorithm
 
 # The PPO preset for language models, one complete PPOConfig (TRL-like). Comments mark what differs from
 # PPOConfig's defaults.
@@ -81,6 +81,10 @@ class RLHFConfig:
     value_lr_scale: float = option("Value head learning rate / policy's.", 50.0)
     stop_at_eos: bool = option("Stop generation at EOS (off: fixed length).", True)
     save_every: int = option("Checkpoint every this many steps (0: only at the end).", 25)
+    group_size: int = option("Replies sampled per prompt (RLOO, GRPO: k >= 2); a step draws batch_size / "
+                             "group_size prompts.", 1)
+    kl_in_loss: bool = option("GRPO: the KL penalty as a k3 term in the loss (DeepSeekMath) instead of in the "
+                              "reward.", False)
     reward_reads: str = option("How the reward model reads replies: auto (token ids when it shares the policy's "
                                "tokenizer, else text), ids, or text.", "auto")
 
@@ -94,6 +98,7 @@ class RLHFConfig:
         check(self.kl_limit is None or self.kl_limit > 0, "kl_limit", self.kl_limit, "> 0 nats (or None)")
         check(self.value_lr_scale > 0, "value_lr_scale", self.value_lr_scale, "> 0, e.g. 50")
         check(self.reward_reads in ("auto", "ids", "text"), "reward_reads", self.reward_reads, "auto, ids or text")
+        check(self.group_size >= 1, "group_size", self.group_size, ">= 1 (RLOO and GRPO: >= 2)")
         check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")
 
 
@@ -130,8 +135,9 @@ def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, tempe
 
 
 def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, prompts: list[str], beta: float,
-                    cfg: RLHFConfig, ppo: PPOConfig) -> Experience:
-    """One batch of rollouts, on the policy's device. `ref_model=None`: the LoRA policy with adapters off."""
+                    cfg: RLHFConfig, ppo: PPOConfig, algorithm: str = "ppo") -> Experience:
+    """One batch of rollouts, on the policy's device. `ref_model=None`: the LoRA policy with adapters off.
+    `algorithm` (see `online.py`) decides how rewards become advantages; groups are consecutive prompts."""
     # 1. Sample from the current policy (torch's global RNG).
     s = sample(policy.lm, tok, prompts, cfg.max_new_tokens, cfg.temperature, stop_at_eos=cfg.stop_at_eos)
     obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
@@ -148,14 +154,11 @@ def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, p
         rewards = shaped_rewards(scores, kl, mask, beta)
         if cfg.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
-        # 5. Advantages by the core's GAE, time-major; the last real token ends the episode.
+        # 5. Advantages: GAE for PPO, returns for REINFORCE, group baselines for RLOO and GRPO (`online.py`).
         values = values * mask
-        next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], 1)
-        terminated = torch.zeros_like(mask, dtype=torch.bool)
-        terminated[torch.arange(mask.shape[0], device=mask.device), last_real_index(mask)] = True
-        adv, ret = gae(rewards.T, values.T, next_values.T, terminated.T, gamma=ppo.gamma, lam=ppo.gae_lambda,
-                       mask=mask.T)
-    batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv.T, ret.T, mask)
+        adv, ret = advantages_and_returns(algorithm, rewards, scores, kl, values, mask, beta, ppo, cfg.group_size,
+                                          cfg.kl_in_loss)
+    batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv, ret, mask, ref_logprobs)
     return Experience(batch, scores.float(), kl, s.texts, s.eos, entropy)
 
 
@@ -169,8 +172,9 @@ class RLHFTrainer:
     """
 
     def __init__(self, sft_model, reward_model, tok, cfg: RLHFConfig, ppo: PPOConfig, prompts: list[str],
-                 seed: int, judge=None, ref_model=None) -> None:
-        if cfg.batch_size > len(prompts):
+                 seed: int, judge=None, ref_model=None, algorithm: str = "ppo") -> None:
+        check_algorithm(algorithm, cfg.group_size, cfg.batch_size)
+        if cfg.batch_size // cfg.group_size > len(prompts):
             raise UserError(f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
                             "lower --batch_size or use more prompts")
         if ppo.minibatch_size > cfg.batch_size:
@@ -182,6 +186,7 @@ class RLHFTrainer:
             raise UserError(f"prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) + EOS exceeds the "
                             f"context of {context}; lower --max_new_tokens")
         self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
+        self.algorithm = algorithm
         seed = seed + rank_and_world()[0]  # data-parallel ranks draw different prompts and samples
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
         # The frozen reference: the SFT model (a copy of the starting policy unless given, e.g. on resume), or
@@ -208,8 +213,10 @@ class RLHFTrainer:
         self.last_samples: list[dict[str, str]] = []
 
     def next_prompts(self) -> list[str]:
-        idx = torch.randperm(len(self.prompts), generator=self.prompt_generator)[: self.cfg.batch_size]
-        return [self.prompts[i] for i in idx.tolist()]
+        """batch_size / group_size distinct prompts, each repeated group_size times in a row."""
+        k = self.cfg.group_size
+        idx = torch.randperm(len(self.prompts), generator=self.prompt_generator)[: self.cfg.batch_size // k]
+        return [self.prompts[i] for i in idx.tolist() for _ in range(k)]
 
     def step(self) -> dict[str, float]:
         with autocast(self.device):  # bf16 on a GPU that has it; nothing on the CPU
@@ -220,12 +227,13 @@ class RLHFTrainer:
         prompts = self.next_prompts()
         beta = self.kl_ctl.beta
         exp = make_experience(self.policy, self.ref_model, self.reward_model, self.tok, prompts, beta, self.cfg,
-                              self.ppo)
+                              self.ppo, self.algorithm)
         t_rollout = time.perf_counter() - t0
         before = copy.deepcopy(self.policy.state_dict()) if self.cfg.kl_limit is not None else None
         stats = ppo_update(self.policy, self.optimizer, exp.batch, self.ppo,
                            progress=self.step_count / max(1, self.cfg.steps), generator=self.update_generator,
-                           lr_scales=self.lr_scales)
+                           lr_scales=self.lr_scales, policy_loss=POLICY_LOSS[self.algorithm],
+                           kl_loss_coef=beta if self.algorithm == "grpo" and self.cfg.kl_in_loss else 0.0)
         self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
         mask = exp.batch.mask
         seq_kl = exp.kl.sum(1)

@@ -1,6 +1,8 @@
 """Tasks: where prompts, SFT pairs and the gold judge come from.
 
 - `helpdesk` (default): generated (see `helpdesk.py`); gold = VADER compound, -1 when the reply drops the topic.
+- `helpdesk-chat`: the same prompts for a pretrained chat model (SmolLM2); gold rewards a reply that names the
+  device, is friendly and concise (`helpdesk_chat_judge`).
 - `chatterbot`: the English conversations shipped by the PyPI package `chatterbot-corpus`, as consecutive
   (prompt, response) pairs; gold = VADER compound of the reply.
 - files: your own prompts / SFT pairs (JSONL, CSV, parquet through `datasets`; columns `prompt` and
@@ -14,6 +16,7 @@ import importlib
 import inspect
 import math
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,11 @@ class Task:
     eval: list[tuple[str, str]]  # held-out pairs (their prompts are the evaluation prompts)
     judge: Judge
     has_topic: bool = False  # whether on-topic rate means something for this task
+    topic_rule: Callable[[str, str], bool] | None = None  # (prompt, response) -> on topic; None: `on_topic`
     entropy_floor_nats: float | None = None  # H(response | prompt) per response, if known
+
+    def is_on_topic(self, prompt: str, response: str) -> bool:
+        return (self.topic_rule or on_topic)(prompt, response)
 
     @property
     def train_prompts(self) -> list[str]:
@@ -60,6 +67,27 @@ def vader_judge() -> Judge:
 def on_topic(prompt: str, response: str) -> bool:
     topic = helpdesk.topic_of(prompt)
     return topic is not None and topic in response.lower().replace(".", " ").replace("!", " ").split()
+
+
+CONCISE_WORDS = 25  # helpdesk-chat: a reply longer than this loses 0.02 per extra word
+
+
+def names_topic(prompt: str, response: str) -> bool:
+    """Whether a free-form reply names the prompt's device (as a word start: "printer's" and "printers" count)."""
+    topic = helpdesk.topic_of(prompt)
+    return topic is not None and re.search(rf"\b{re.escape(topic)}", response.lower()) is not None
+
+
+def helpdesk_chat_judge() -> Judge:
+    """What a user wants from a real chat model's help-desk reply: on topic (it names the device, else -1),
+    friendly (VADER compound, in [-1, 1]) and concise (-0.02 per word beyond 25), floored at -1."""
+    analyzer = _vader()
+
+    def judge(prompts: list[str], responses: list[str]) -> list[float]:
+        return [max(-1.0, analyzer.polarity_scores(r)["compound"] - 0.02 * max(0, len(r.split()) - CONCISE_WORDS))
+                if names_topic(p, r) else -1.0 for p, r in zip(prompts, responses)]
+
+    return judge
 
 
 def helpdesk_judge() -> Judge:
@@ -207,10 +235,14 @@ def get_task(name: str, data: str | None = None, judge: str | None = None, seed:
         return Task(Path(data).stem, train, evals, load_judge(judge) if judge else vader_judge())
     if name == "helpdesk":
         task = helpdesk_task(seed=seed)
+    elif name == "helpdesk-chat":  # the help-desk prompts, judged as a real chat model's replies
+        task = helpdesk_task(seed=seed)
+        task.name, task.judge, task.entropy_floor_nats = name, helpdesk_chat_judge(), None
+        task.topic_rule = names_topic
     elif name == "chatterbot":
         task = chatterbot_task(seed=seed)
     else:
-        raise UserError(f"unknown task '{name}'; choose helpdesk or chatterbot, or pass --data FILE")
+        raise UserError(f"unknown task '{name}'; choose helpdesk, helpdesk-chat or chatterbot, or pass --data FILE")
     if judge:
         task.judge = load_judge(judge)
     return task

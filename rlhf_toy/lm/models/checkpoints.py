@@ -16,10 +16,13 @@ from rlhf_toy.io import atomic_dir
 from .chat import check_tokenizer_matches, load_tokenizer
 
 
-def save_model(path: str | os.PathLike[str], model, tok) -> None:
-    """Write `model` and `tok` to the directory `path` in one atomic step."""
+def save_model(path: str | os.PathLike[str], model, tok, merge: bool = True) -> None:
+    """Write `model` and `tok` to the directory `path` in one atomic step. A LoRA model is saved with its
+    adapters merged into a plain transformers model (`merge=False`: the adapters alone, for peft)."""
+    from .hf import merged_copy
+
     with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp)
+        (merged_copy(model) if merge else model).save_pretrained(tmp)
         tok.save_pretrained(tmp)
 
 

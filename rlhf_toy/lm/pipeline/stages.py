@@ -22,11 +22,14 @@ from rlhf_toy.logging import MetricLogger, plt_module, save_figure
 from rlhf_toy.ppo import PPOConfig
 from rlhf_toy.seeding import seed_everything
 
+from ..algorithms.dpo import DPOConfig, train_dpo
+from ..algorithms.dpo import pairs_from_groups as dpo_pairs_from_groups
+from ..algorithms.online import check_algorithm
 from ..algorithms.reward import RewardConfig, pair_accuracy, pairwise_accuracy, split_pairs, train_reward_model
 from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
 from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
 from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
-from ..data.tasks import Task, get_task, on_topic
+from ..data.tasks import Task, get_task
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import check_fits, check_tokenizer_matches, encode_prompts, train_tokenizer
 from ..models.hf import (
@@ -34,6 +37,7 @@ from ..models.hf import (
     add_lora,
     autocast,
     context_length,
+    freeze_below,
     load_base,
     merged_copy,
     require_peft,
@@ -55,7 +59,7 @@ class RunConfig:
         "Pretrained causal LM to start from instead of the tiny GPT-2: a directory (model + tokenizer), a .gguf "
         "file, or smollm2 (needs the 'smollm2' extra). Read by the sft stage; later stages read run_dir/sft.", None)
     device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
-    task: str = option("Built-in task: helpdesk or chatterbot.", "helpdesk")
+    task: str = option("Built-in task: helpdesk, helpdesk-chat or chatterbot.", "helpdesk")
     data: str | None = option("Your own prompt/response file (JSONL, CSV, parquet).", None)
     preferences_file: str | None = option("Your own preference file (prompt/chosen/rejected) for the reward stage.",
                                           None)
@@ -140,8 +144,8 @@ def entropy_floor(task: Task, eval_ids) -> float | None:
     return task.entropy_floor_nats * len(eval_ids) / sum(len(r) for _, r in eval_ids)
 
 
-def on_topic_rate(prompts: list[str], responses: list[str]) -> float:
-    return sum(on_topic(p, r) for p, r in zip(prompts, responses)) / max(1, len(prompts))
+def on_topic_rate(task: Task, prompts: list[str], responses: list[str]) -> float:
+    return sum(task.is_on_topic(p, r) for p, r in zip(prompts, responses)) / max(1, len(prompts))
 
 
 def start_model(run: RunConfig, model_cfg: ModelConfig):
@@ -179,7 +183,7 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
         "dropped_pairs_too_long": dropped, "eval_loss": history["eval_loss"][-1], "entropy_floor": floor,
         "loss_over_floor": None if floor is None else history["eval_loss"][-1] / floor,
         "gold_mean": sum(task.judge(s.prompts, s.texts)) / len(prompts), "eos_rate": float(s.eos.float().mean()),
-        "on_topic_rate": on_topic_rate(s.prompts, s.texts) if task.has_topic else None,
+        "on_topic_rate": on_topic_rate(task, s.prompts, s.texts) if task.has_topic else None,
         "samples": [{"prompt": p, "response": r} for p, r in list(zip(s.prompts, s.texts))[:5]],
         "history": history, "base_model": run.base_model,
         "config": asdict(cfg) if run.base_model else {**asdict(model_cfg), **asdict(cfg)},
@@ -224,7 +228,8 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
 
 def start_reward_model(run: RunConfig, cfg: RewardConfig, lora: LoraConfig):
     """`(scalar-head model on the run's device, its tokenizer)`: from the SFT trunk, or from `--reward_base` (a
-    separate model with its own tokenizer); the trunk frozen, with LoRA adapters, or fully trainable."""
+    separate model with its own tokenizer); its top `trainable_layers` blocks train (all: -1), and LoRA adapters
+    if asked for."""
     rd = run.dir
     if cfg.reward_base:
         source = resolve_base_model(cfg.reward_base, rd.path / "reward_base")
@@ -235,9 +240,8 @@ def start_reward_model(run: RunConfig, cfg: RewardConfig, lora: LoraConfig):
         tok = rd.load_sft_tokenizer()
     rm = reward_model_from(source, tok, what)
     check_tokenizer_matches(tok, rm, "reward model")
-    if cfg.freeze_trunk:
-        trunk, _ = trunk_and_head(rm)
-        trunk.requires_grad_(False)
+    if cfg.trainable_layers >= 0:
+        freeze_below(trunk_and_head(rm)[0], cfg.trainable_layers)
     if lora.enabled:
         rm = add_lora(rm, lora, "SEQ_CLS")
     return rm.to(run.torch_device), tok
@@ -324,15 +328,18 @@ def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> Non
 
 
 def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeConfig,
-              lora: LoraConfig | None = None) -> dict[str, Any]:
+              lora: LoraConfig | None = None, algorithm: str = "ppo") -> dict[str, Any]:
+    """An online RLHF run: PPO, or another algorithm of `online.py` (its output directory defaults to
+    run_dir/ALGORITHM; PPO's to run_dir/ppo)."""
     task = run.start()
     rd = run.dir
+    check_algorithm(algorithm, cfg.group_size, cfg.batch_size)
     lora = lora or LoraConfig()
     if lora.enabled:
         require_peft()
     device = run.torch_device
-    out = rd.ppo(resume.ppo_dir)
-    settings = {**run_settings(run, cfg, ppo), **asdict(lora)}
+    out = rd.ppo(resume.ppo_dir or (None if algorithm == "ppo" else algorithm))
+    settings = {**run_settings(run, cfg, ppo), **asdict(lora), "algorithm": algorithm}
     with out.lock():
         state = None
         if resume.resume:
@@ -345,7 +352,7 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
         ref_model = None if lora.enabled else rd.load_sft(device)[0]
         rm = rd.load_reward_model(tok, cfg.reward_reads, device)
         trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
-                              ref_model=ref_model)
+                              ref_model=ref_model, algorithm=algorithm)
         if state is not None:
             trainer.load_state(state)
         # A resumed run keeps exactly the history up to its checkpoint's step.
@@ -357,7 +364,7 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
 
         logger = MetricLogger(out.path, tensorboard=True, history=rows)
         t0 = time.perf_counter()
-        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc="ppo", disable=not run.progress, leave=False)
+        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc=algorithm, disable=not run.progress, leave=False)
         try:
             while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
                 m = trainer.step()
@@ -378,12 +385,49 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
             plot_ppo_curves(rows, out.curves)
         last = rows[-1] if rows else {}
         step_s = sum(r["time/step_s"] for r in rows)
-        summary = {"stage": "ppo", "steps": trainer.step_count, "wall_s": time.perf_counter() - t0,
+        summary = {"stage": "ppo", "algorithm": algorithm, "steps": trainer.step_count,
+                   "wall_s": time.perf_counter() - t0,
                    "stopped_by_kl_limit": trainer.stopped_by_kl_limit, "final_score": last.get("objective/score"),
                    "final_gold": last.get("objective/gold"), "final_kl": last.get("objective/kl"),
                    "final_beta": last.get("objective/beta"),
                    "episodes_per_s": cfg.batch_size * len(rows) / max(1e-9, step_s),
                    "config": asdict(cfg), "ppo": ppo.to_dict()}
+        rd.save_json(out.summary, summary)
+    return summary
+
+
+# 5b. DPO: offline, on the preference pairs -----------------------------------------------------------------
+
+@dataclass
+class DPODirConfig:
+    dpo_dir: str = option("Output directory: a path, or a bare name for run_dir/NAME.", "dpo")
+
+
+def stage_dpo(run: RunConfig, cfg: DPOConfig, where: DPODirConfig, lora: LoraConfig | None = None) -> dict[str, Any]:
+    """DPO from the SFT model on the run's preference pairs (or --preferences_file); reference = the SFT model.
+    Held-out: the implicit-reward accuracy on the preferences stage's held-out groups (pairs of different gold)."""
+    run.start()
+    rd = run.dir
+    lora = lora or LoraConfig()
+    if lora.enabled:
+        require_peft()
+    out = rd.ppo(where.dpo_dir)
+    pairs = rd.load_preferences(run.preferences_file)
+    with out.lock():
+        model, tok = rd.load_sft(run.torch_device)
+        ref_model = None if lora.enabled else rd.load_sft(run.torch_device)[0]
+        if lora.enabled:
+            model = add_lora(model, lora, "CAUSAL_LM")
+        held = rd.load_json(rd.preferences_eval)
+        held_pairs = None if held is None else dpo_pairs_from_groups(held["prompts"], held["responses"],
+                                                                      held["scores"])
+        with autocast(run.torch_device):  # ref_model None (LoRA): the same network with the adapters off
+            history = train_dpo(model, ref_model, tok, pairs, cfg, run.seed, held_pairs, run.progress)
+        out.save_policy(model, tok)
+        summary = {"stage": "dpo", "algorithm": "dpo", "pairs": len(pairs["prompt"]),
+                   "heldout_pairs": None if held_pairs is None else len(held_pairs["prompt"]),
+                   **{k: v for k, v in history.items() if k not in ("loss", "train_accuracy")},
+                   "config": {**asdict(cfg), **asdict(lora)}}
         rd.save_json(out.summary, summary)
     return summary
 
@@ -410,6 +454,10 @@ class EvalConfig:
         self.policy_names = [p.strip() for p in self.policies.split(",") if p.strip()]
 
 
+LABELS = {"ppo": "PPO", "reinforce": "REINFORCE", "reinforce_baseline": "REINFORCE+baseline", "rloo": "RLOO",
+          "grpo": "GRPO", "dpo": "DPO"}
+
+
 @writes_run_dir
 def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
     task = run.start()
@@ -429,8 +477,10 @@ def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
                                    run.seed)
     for name, d in policy_dirs.items():
         policy, _ = d.load_policy(name)
-        rows.append(evaluate_policy(f"PPO ({name})", policy.to(run.torch_device), sft, rm, tok, task, prompts,
-                                    cfg.temperature, cfg.max_new_tokens, run.seed))
+        algorithm = (rd.load_json(d.summary) or {}).get("algorithm", "ppo")
+        label = f"{LABELS.get(algorithm, algorithm)} ({name})"
+        rows.append(evaluate_policy(label, policy.to(run.torch_device), sft, rm, tok, task, prompts, cfg.temperature,
+                                    cfg.max_new_tokens, run.seed))
     table = evaluation_table(rows)
     rd.save_text(rd.report("eval.md"), table)
     rd.save_json(rd.report("eval.json"), {"rows": rows, "prompts": len(prompts)})

@@ -1,0 +1,149 @@
+"""REINFORCE, RLOO, GRPO and DPO on the same core as PPO: their advantages, their learning, their bad input."""
+
+import json
+import math
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rlhf_toy.advantages import discounted_returns
+from rlhf_toy.lm.algorithms.online import LM_GRPO, LM_REINFORCE, LM_REINFORCE_BASELINE, LM_RLOO, advantages_and_returns
+from rlhf_toy.lm.algorithms.rlhf import LM_PPO, RLHFConfig, RLHFTrainer
+from rlhf_toy.lm.data import helpdesk
+from rlhf_toy.lm.models.hf import load_base
+from rlhf_toy.ppo import RolloutBatch, minibatch_loss
+from tests.helpers import PPO_TINY, stage
+from tests.hf_models import tiny_model_dir
+
+PROMPTS = list(dict.fromkeys(d.prompt for d in helpdesk.generate(200, seed=0)))
+PRESETS = {"ppo": (LM_PPO, 1), "reinforce": (LM_REINFORCE, 1), "reinforce_baseline": (LM_REINFORCE_BASELINE, 1),
+           "rloo": (LM_RLOO, 4), "grpo": (LM_GRPO, 4)}
+
+
+def random_experience(B=8, R=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, R + 1, (B,), generator=g)
+    mask = (torch.arange(R)[None] < lengths[:, None]).float()
+    kl = torch.rand(B, R, generator=g) * mask
+    scores = torch.randn(B, generator=g)
+    values = torch.randn(B, R, generator=g) * mask
+    rewards = -0.1 * kl
+    rewards[torch.arange(B), lengths - 1] += scores
+    return rewards, scores, kl, values, mask
+
+
+def test_reinforce_advantages_are_returns_to_go_with_or_without_the_baseline():
+    rewards, scores, kl, values, mask = random_experience()
+    adv, ret = advantages_and_returns("reinforce", rewards, scores, kl, values, mask, 0.1, LM_REINFORCE, 1, False)
+    naive = torch.flip(torch.cumsum(torch.flip(rewards * mask, [1]), 1), [1])  # gamma 1: sum of later rewards
+    torch.testing.assert_close(adv, naive * mask)
+    dones = torch.zeros_like(mask, dtype=torch.bool)
+    torch.testing.assert_close(ret, discounted_returns(rewards.T, dones.T, gamma=1.0, mask=mask.T).T)
+    adv_b, _ = advantages_and_returns("reinforce_baseline", rewards, scores, kl, values, mask, 0.1,
+                                      LM_REINFORCE_BASELINE, 1, False)
+    torch.testing.assert_close(adv_b, (naive - values) * mask)
+
+
+def test_rloo_and_grpo_give_every_token_of_a_reply_its_group_advantage():
+    rewards, scores, kl, values, mask = random_experience()
+    seq = scores - 0.1 * kl.sum(1)
+    adv, _ = advantages_and_returns("rloo", rewards, scores, kl, values, mask, 0.1, LM_RLOO, 4, False)
+    for i in range(8):
+        group = seq[(i // 4) * 4: (i // 4) * 4 + 4]
+        loo = (group.sum() - seq[i]) / 3
+        torch.testing.assert_close(adv[i], (seq[i] - loo) * mask[i])
+    adv, _ = advantages_and_returns("grpo", rewards, scores, kl, values, mask, 0.1, LM_GRPO, 4, True)
+    first = adv[:, 0].view(2, 4)  # KL in the loss: the group is normalized on the scores alone
+    torch.testing.assert_close(first, (scores.view(2, 4) - scores.view(2, 4).mean(1, keepdim=True))
+                               / (scores.view(2, 4).std(1, keepdim=True) + 1e-4))
+
+
+def test_grpo_kl_in_the_loss_is_the_k3_estimate_times_beta():
+    B, R = 4, 3
+    g = torch.Generator().manual_seed(0)
+    logp, old, ref = (torch.randn(B, R, generator=g) - 2 for _ in range(3))
+    mask = torch.ones(B, R)
+    mb = RolloutBatch(None, torch.zeros(B, R), old, torch.zeros(B, R), torch.zeros(B, R), torch.zeros(B, R), mask, ref)
+    loss, parts = minibatch_loss(logp, torch.zeros(B, R), torch.zeros(B, R), mb, LM_GRPO, 0.2, "clipped", 0.5)
+    k3 = (torch.exp(ref - logp) - (ref - logp) - 1).mean()
+    torch.testing.assert_close(parts["kl_loss"], k3)
+    torch.testing.assert_close(loss, parts["policy_loss"] + 0.5 * k3)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return tiny_model_dir("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce", "reinforce_baseline", "rloo", "grpo"])
+def test_each_online_method_raises_a_rule_reward(llama, algorithm):
+    preset, k = PRESETS[algorithm]
+    model, tok = load_base(llama)
+
+    def share_of_e(prompts, texts):
+        return [sum(c == "e" for c in t) / max(1, len(t)) for t in texts]
+
+    cfg = RLHFConfig(steps=40, batch_size=16, max_new_tokens=8, kl_coef=0.01, value_lr_scale=1.0, group_size=k,
+                     kl_in_loss=algorithm == "grpo")
+    trainer = RLHFTrainer(model, share_of_e, tok, cfg, replace(preset, learning_rate=1e-2, minibatch_size=8), PROMPTS,
+                          seed=0, algorithm=algorithm)
+    rows = [trainer.step() for _ in range(40)]
+    first = sum(r["objective/score"] for r in rows[:5]) / 5
+    last = sum(r["objective/score"] for r in rows[-5:]) / 5
+    assert last > first + 0.1, (first, last)
+    assert all(math.isfinite(r["objective/kl"]) for r in rows)
+
+
+def test_groups_are_whole_prompts_repeated(llama):
+    model, tok = load_base(llama)
+    trainer = RLHFTrainer(model, lambda p, t: [0.0] * len(t), tok, RLHFConfig(batch_size=8, group_size=4),
+                          replace(LM_RLOO, minibatch_size=8),
+                          PROMPTS, seed=0, algorithm="rloo")
+    prompts = trainer.next_prompts()
+    assert prompts[:4] == [prompts[0]] * 4 and prompts[4:] == [prompts[4]] * 4 and prompts[0] != prompts[4]
+
+
+@pytest.mark.parametrize("command", ["reinforce", "reinforce-baseline", "rloo", "grpo"])
+def test_online_commands_run_on_the_tiny_run(run_dir, tmp_path, command):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage(command, out, *PPO_TINY) == 0
+    name = command.replace("-", "_")
+    summary = json.loads((out / name / "ppo.json").read_text())
+    assert summary["algorithm"] == name and summary["steps"] == 2
+    assert stage("evaluate", out, "--policies", name, "--eval_prompts", "8", "--best_of", "", "--judge",
+                 "tests.judges:length") == 0
+
+
+def test_dpo_raises_held_out_implicit_reward_accuracy(run_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage("dpo", out, "--epochs", "2", "--batch_size", "16", "--learning_rate", "1e-3") == 0
+    summary = json.loads((out / "dpo" / "ppo.json").read_text())
+    acc = summary["heldout_accuracy"]
+    assert acc[-1] > acc[0], acc
+    assert summary["loss_last"] < summary["loss_first"]
+    assert (out / "dpo" / "policy" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("command,extra,message", [
+    ("rloo", ["--group_size", "1"], "at least 2 samples per prompt"),
+    ("grpo", ["--group_size", "1"], "at least 2 samples per prompt"),
+    ("rloo", ["--group_size", "3"], "not a multiple of group_size"),
+])
+def test_bad_group_settings(run_dir, tmp_path, capsys, command, extra, message):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage(command, out, *PPO_TINY, *extra) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / command).exists()
+
+
+def test_dpo_without_preference_pairs(run_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    shutil.rmtree(out / "preferences")
+    assert stage("dpo", out) == 2
+    assert "no preferences" in capsys.readouterr().err
