@@ -22,8 +22,13 @@ class MetricLogger:
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], tensorboard: bool = True,
-                 history: list[dict[str, Any]] | None = None) -> None:
-        """Start `metrics.jsonl` afresh with the rows of `history` (a resumed run's rows up to its checkpoint)."""
+                 history: list[dict[str, Any]] | None = None, enabled: bool = True) -> None:
+        """Start `metrics.jsonl` afresh with the rows of `history` (a resumed run's rows up to its checkpoint).
+        `enabled=False` writes nothing (a data-parallel rank other than 0)."""
+        self.enabled = enabled
+        self._tb = None
+        if not enabled:
+            return
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -40,6 +45,8 @@ class MetricLogger:
                 self._tb = None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         if self._tb is not None:
@@ -50,12 +57,16 @@ class MetricLogger:
     def flush(self) -> None:
         """Put every row logged so far on disk (fsync): called before each checkpoint, so a run killed after
         its checkpoint has the history up to it."""
+        if not self.enabled:
+            return
         self._file.flush()
         os.fsync(self._file.fileno())
         if self._tb is not None:
             self._tb.flush()
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self._file.close()
         if self._tb is not None:
             self._tb.close()

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .config import check, option
+from .distributed import any_rank
 from .losses import clipped_policy_loss, explained_variance, kl_k3, policy_gradient_loss, value_loss
 from .masks import masked_mean, masked_whiten
 
@@ -201,8 +202,10 @@ def ppo_update(
             mb = minibatch(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
             loss, parts = minibatch_loss(logprobs, entropy, values, mb, cfg, clip_range, policy_loss, kl_loss_coef)
-            if cfg.target_kl is not None and parts["approx_kl"].item() > 1.5 * cfg.target_kl:
-                early_stop = True  # this minibatch already moved too far: stop before stepping on it
+            # This minibatch already moved too far: stop before stepping on it (on every rank at once, so that
+            # data-parallel ranks stay in lockstep).
+            if cfg.target_kl is not None and any_rank(parts["approx_kl"].item() > 1.5 * cfg.target_kl):
+                early_stop = True
                 break
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -13,8 +13,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from rlhf_toy.config import check, option
+from rlhf_toy.distributed import data_parallel, rank_and_world, shard
 
-from ..models.reward_model import encode_texts, raw_scores, score_texts
+from ..models.reward_model import Scorer, encode_texts, score_texts
 from .sft import cosine_lr
 
 
@@ -59,7 +60,8 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
     rng = random.Random(seed)
     params = [p for p in rm.parameters() if p.requires_grad]  # frozen trunk or LoRA: only what trains
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
-    per_epoch = -(-n // cfg.batch_size)
+    scorer = data_parallel(Scorer(rm))  # under torchrun DDP averages the gradients (batch_size is per rank)
+    per_epoch = max(1, -(-n // cfg.batch_size) // rank_and_world()[1])
     epochs = max(cfg.epochs, -(-cfg.min_steps // per_epoch))  # a small file: enough passes for min_steps
     steps = epochs * per_epoch
     step, t0, losses = 0, time.perf_counter(), []
@@ -68,12 +70,12 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
     rm.train()
     for _ in range(epochs):
         rng.shuffle(order)
-        for s in range(0, n, cfg.batch_size):
+        for s in shard(list(range(0, n, cfg.batch_size))):
             idx = order[s:s + cfg.batch_size]
             prompts = [pairs["prompt"][i] for i in idx]
             ids, mask = encode_texts(tok, prompts + prompts, [pairs["chosen"][i] for i in idx] +
                                      [pairs["rejected"][i] for i in idx])
-            r = raw_scores(rm, ids, mask)
+            r = scorer(ids, mask)
             label = None if labels is None else torch.tensor([float(labels[i]) for i in idx], device=r.device)
             loss = bradley_terry_loss(r[: len(idx)], r[len(idx):], label)
             for g in opt.param_groups:

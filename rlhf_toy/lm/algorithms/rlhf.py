@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from rlhf_toy.config import check, option
+from rlhf_toy.distributed import check_in_sync, data_parallel, gather, mean_across_ranks, rank_and_world
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
@@ -28,7 +29,6 @@ from ..models.hf import autocast, context_length, is_lora, model_device, referen
 from ..models.policy import PolicyWithValueHead
 from ..models.reward_model import RewardModel, score_token_ids
 from ..models.sampling import Samples, sample
-from .distributed import mean_across_ranks, rank_and_world
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
 from .online import POLICY_LOSS, advantages_and_returns, check_algorithm
 
@@ -203,6 +203,8 @@ class RLHFTrainer:
         self.optimizer = make_optimizer([{"params": trainable_parameters(self.policy.lm)},
                                          {"params": list(self.policy.value_head.parameters())}], ppo)
         self.lr_scales = (1.0, cfg.value_lr_scale)
+        # Under torchrun: DDP averages the update's gradients across ranks (and broadcasts rank 0's weights now).
+        self.update_policy = data_parallel(self.policy, actor_critic=True)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
                        else FixedKLController(cfg.kl_coef))
         self.kl_average = MovingAverage(cfg.kl_limit_window)
@@ -230,7 +232,7 @@ class RLHFTrainer:
                               self.ppo, self.algorithm)
         t_rollout = time.perf_counter() - t0
         before = copy.deepcopy(self.policy.state_dict()) if self.cfg.kl_limit is not None else None
-        stats = ppo_update(self.policy, self.optimizer, exp.batch, self.ppo,
+        stats = ppo_update(self.update_policy, self.optimizer, exp.batch, self.ppo,
                            progress=self.step_count / max(1, self.cfg.steps), generator=self.update_generator,
                            lr_scales=self.lr_scales, policy_loss=POLICY_LOSS[self.algorithm],
                            kl_loss_coef=beta if self.algorithm == "grpo" and self.cfg.kl_in_loss else 0.0)
@@ -250,7 +252,9 @@ class RLHFTrainer:
         }
         if self.judge is not None:
             metrics["objective/gold"] = float(np.mean(self.judge(prompts, exp.texts)))
+        self.last_local_metrics = dict(metrics)  # this rank's own figures, before averaging
         metrics = mean_across_ranks(metrics)
+        check_in_sync(self.policy)  # DDP keeps the ranks' weights identical; a cheap check that it did
         self.kl_ctl.update(metrics["objective/kl"], self.cfg.batch_size)
         ma = self.kl_average.add(metrics["objective/kl"])
         metrics["objective/kl_moving_average"] = ma
@@ -261,22 +265,30 @@ class RLHFTrainer:
 
     # Checkpoints: the policy in Hugging Face format, the rest (value head, optimizer, controller, RNG) beside it.
     def state(self) -> dict[str, Any]:
+        """The trainer's state; a collective call under torchrun (the RNG states are every rank's, in rank order,
+        so that a resumed run draws what each rank would have drawn)."""
         return {
             "step": self.step_count, "value_head": self.policy.value_head.state_dict(),
             "optimizer": self.optimizer.state_dict(), "beta": float(self.kl_ctl.beta),
-            "kl_values": list(self.kl_average.values), "torch_rng": torch.get_rng_state(),
-            "prompt_rng": self.prompt_generator.get_state(), "update_rng": self.update_generator.get_state(),
+            "kl_values": list(self.kl_average.values), "world_size": rank_and_world()[1],
+            "rng": gather({"torch": torch.get_rng_state(), "prompt": self.prompt_generator.get_state(),
+                           "update": self.update_generator.get_state()}),
             "config": asdict(self.cfg), "ppo": self.ppo.to_dict(), "stopped_by_kl_limit": self.stopped_by_kl_limit,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
+        rank, world = rank_and_world()
+        if int(state.get("world_size", 1)) != world:
+            raise UserError(f"the checkpoint was written by {state.get('world_size', 1)} process(es), this run has "
+                            f"{world}; resume with the same --nproc_per_node")
         self.step_count = int(state["step"])
         self.policy.value_head.load_state_dict(state["value_head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.kl_ctl.beta = float(state["beta"])
         for v in state["kl_values"]:
             self.kl_average.add(float(v))
-        torch.set_rng_state(state["torch_rng"])
-        self.prompt_generator.set_state(state["prompt_rng"])
-        self.update_generator.set_state(state["update_rng"])
+        rng = state["rng"][rank]
+        torch.set_rng_state(rng["torch"])
+        self.prompt_generator.set_state(rng["prompt"])
+        self.update_generator.set_state(rng["update"])
         self.stopped_by_kl_limit = bool(state.get("stopped_by_kl_limit", False))

@@ -13,6 +13,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from rlhf_toy.config import check, option
+from rlhf_toy.distributed import data_parallel, rank_and_world, shard
 from rlhf_toy.errors import UserError
 
 from ..models.chat import encode_prompts, encode_responses, pad_sequences
@@ -99,7 +100,10 @@ def train_sft(model, tok, train_ids: PairIds, eval_ids: PairIds, cfg: SFTConfig,
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate, betas=(0.9, 0.98))
-    steps_per_epoch = -(-len(train_ids) // cfg.batch_size)
+    # Under torchrun each rank takes its share of every epoch's batches (batch_size is per rank) and DDP averages
+    # the gradients; in one process `data_parallel` and `shard` change nothing.
+    trained = data_parallel(model)
+    steps_per_epoch = max(1, -(-len(train_ids) // cfg.batch_size) // rank_and_world()[1])
     total = steps_per_epoch * cfg.epochs
     history = {"eval_loss": [mean_response_loss(model, eval_ids, tok.pad_token_id)], "train_loss": []}
     t0, step = time.perf_counter(), 0
@@ -107,10 +111,10 @@ def train_sft(model, tok, train_ids: PairIds, eval_ids: PairIds, cfg: SFTConfig,
     model.train()
     for _ in range(cfg.epochs):
         running, count = 0.0, 0
-        for ids, mask, labels in sft_batches(train_ids, cfg.batch_size, tok.pad_token_id, generator):
+        for ids, mask, labels in shard(list(sft_batches(train_ids, cfg.batch_size, tok.pad_token_id, generator))):
             for g in opt.param_groups:
                 g["lr"] = cosine_lr(step, total, cfg.learning_rate, warmup=max(1, total // 20))
-            loss_sum, n = lm_loss(model, ids, mask, labels)
+            loss_sum, n = lm_loss(trained, ids, mask, labels)
             loss = loss_sum / max(n, 1)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -23,6 +23,10 @@ class PolicyWithValueHead(nn.Module):
         nn.init.zeros_(self.value_head[2].bias)
         self.value_head.to(next(lm.parameters()).device)
 
+    def forward(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The same as `evaluate` (what `DistributedDataParallel` calls)."""
+        return self.evaluate(observations, actions)
+
     def evaluate(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         prompt_ids, prompt_mask = observations
         logprobs, entropy, hidden = response_logprobs(self.lm, prompt_ids, prompt_mask, actions, self.temperature,

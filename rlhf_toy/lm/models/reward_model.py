@@ -54,6 +54,17 @@ def raw_scores(rm, ids: Tensor, mask: Tensor) -> Tensor:
     return head(last).squeeze(-1).float()
 
 
+class Scorer(torch.nn.Module):
+    """`raw_scores` as a module's forward, for `DistributedDataParallel` (which syncs gradients on forward)."""
+
+    def __init__(self, rm) -> None:
+        super().__init__()
+        self.rm = rm
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        return raw_scores(self.rm, ids, mask)
+
+
 def normalize(rm, scores: Tensor) -> Tensor:
     return (scores - getattr(rm.config, "reward_mean", 0.0)) / getattr(rm.config, "reward_std", 1.0)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from rlhf_toy.cli import Command, dispatch
 from rlhf_toy.config import check, option
+from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
 
@@ -71,8 +72,10 @@ class RecipeConfig:
 
 
 def _print(metrics: dict[str, Any]) -> int:
-    """One JSON line of a stage's figures (long lists and configs stay in the run directory's files)."""
-    print(json.dumps({k: v for k, v in metrics.items() if k not in ("history", "samples", "config", "ppo")}))
+    """One JSON line of a stage's figures (long lists and configs stay in the run directory's files); under
+    torchrun rank 0 prints it."""
+    if is_main():
+        print(json.dumps({k: v for k, v in metrics.items() if k not in ("history", "samples", "config", "ppo")}))
     return 0
 
 

@@ -15,11 +15,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_dir, atomic_write_json, atomic_write_text, output_lock
 from rlhf_toy.logging import read_jsonl
@@ -29,6 +32,17 @@ from ..data.tasks import load_table
 from ..models.chat import load_tokenizer
 from ..models.checkpoints import load_causal_lm, load_reward_model, save_model
 from ..models.hf import is_lora, load_lora
+
+
+def main_only(save):
+    """A save that only rank 0 makes under torchrun (every rank holds the same weights and figures)."""
+
+    @functools.wraps(save)
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        if is_main():
+            save(*args, **kwargs)
+
+    return guarded
 
 
 class PPODir:
@@ -48,12 +62,14 @@ class PPODir:
             root / "metrics.jsonl", root / "curves.png", root / "samples.json", root / "ppo.json")
 
     def lock(self):
-        """Only one process writes a PPO directory at a time (a second one gets a one-line error)."""
-        return output_lock(self.path, "PPO run")
+        """Only one process writes a PPO directory at a time (a second one gets a one-line error); under torchrun
+        rank 0 holds it for all ranks."""
+        return output_lock(self.path, "PPO run") if is_main() else contextlib.nullcontext()
 
     def has_checkpoint(self) -> bool:
         return (self.checkpoint / "trainer_state.pt").is_file() and (self.checkpoint / "policy").is_dir()
 
+    @main_only
     def save_checkpoint(self, model, tok, state: dict[str, Any]) -> None:
         """Policy and trainer state, renamed into place as one directory."""
         import torch
@@ -63,6 +79,7 @@ class PPODir:
             tok.save_pretrained(tmp / "policy")
             torch.save(state, tmp / "trainer_state.pt")
 
+    @main_only
     def save_policy(self, model, tok) -> None:
         """The finished policy as a plain HF directory; for a LoRA model also its adapters alone."""
         if is_lora(model):
@@ -128,8 +145,9 @@ class RunDir:
         return PPODir(p if p.is_absolute() or len(p.parts) > 1 else self.path / p)
 
     def lock(self):
-        """Only one process writes the run directory's own files at a time (PPO directories have their own)."""
-        return output_lock(self.path, "run")
+        """Only one process writes the run directory's own files at a time (PPO directories have their own);
+        under torchrun rank 0 holds it for all ranks."""
+        return output_lock(self.path, "run") if is_main() else contextlib.nullcontext()
 
     def report(self, name: str) -> Path:
         """A stage's JSON or markdown report: sft.json, reward.json, eval.md, ..."""
@@ -175,19 +193,24 @@ class RunDir:
         return json.loads(path.read_text()) if path.is_file() else None
 
     # Saves (all atomic).
+    @main_only
     def save_tokenizer(self, tok) -> None:
         with atomic_dir(self.tokenizer) as tmp:
             tok.save_pretrained(str(tmp))
 
+    @main_only
     def save_model(self, path: Path, model, tok) -> None:
         save_model(path, model, tok)
 
+    @main_only
     def save_preferences(self, ds) -> None:
         with atomic_dir(self.preferences) as tmp:
             ds.save_to_disk(str(tmp))
 
+    @main_only
     def save_json(self, path: Path, obj: Any) -> None:
         atomic_write_json(path, obj)
 
+    @main_only
     def save_text(self, path: Path, text: str) -> None:
         atomic_write_text(path, text)

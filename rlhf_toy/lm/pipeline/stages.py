@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlhf_toy.config import check, derived, option, parse_list
+from rlhf_toy.distributed import barrier, init_distributed, is_main, rank_and_world
 from rlhf_toy.errors import UserError
 from rlhf_toy.logging import MetricLogger, plt_module, save_figure
 from rlhf_toy.ppo import PPOConfig
@@ -80,12 +81,13 @@ class RunConfig:
 
     @property
     def torch_device(self) -> torch.device:
-        return resolve_device(self.device)
+        """The device of this process: under torchrun it joins the process group, one GPU per rank."""
+        return init_distributed(resolve_device(self.device))
 
     def start(self) -> Task:
         """Quiet the libraries, seed everything, and load the task (data and gold judge)."""
         quiet_libraries()
-        resolve_device(self.device)  # a missing GPU is an error before any work
+        self.torch_device  # noqa: B018  a missing GPU is an error before any work; joins torchrun's group
         seed_everything(self.seed, self.threads)
         task = get_task(self.task, self.data, self.judge, self.seed)
         if self.max_train_pairs is not None:
@@ -99,8 +101,11 @@ def writes_run_dir(stage: Callable[..., dict[str, Any]]) -> Callable[..., dict[s
 
     @functools.wraps(stage)
     def locked(run: RunConfig, *configs: Any) -> dict[str, Any]:
+        run.torch_device  # noqa: B018  under torchrun: join the process group first, so only rank 0 locks
         with run.dir.lock():
-            return stage(run, *configs)
+            out = stage(run, *configs)
+        barrier()  # under torchrun: no rank reads the stage's outputs before rank 0 has written them
+        return out
 
     return locked
 
@@ -359,12 +364,15 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
         rows = out.load_metrics(upto=trainer.step_count) if state is not None else []
 
         def checkpoint() -> None:
+            state = trainer.state()  # every rank: it gathers the ranks' RNG states
             logger.flush()  # first the history, so a kill right after the checkpoint leaves no hole in it
-            out.save_checkpoint(trainer.policy.lm, trainer.tok, {**trainer.state(), "settings": settings})
+            out.save_checkpoint(trainer.policy.lm, trainer.tok, {**state, "settings": settings})  # rank 0
+            barrier()
 
-        logger = MetricLogger(out.path, tensorboard=True, history=rows)
+        logger = MetricLogger(out.path, tensorboard=True, history=rows, enabled=is_main())
         t0 = time.perf_counter()
-        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc=algorithm, disable=not run.progress, leave=False)
+        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc=algorithm,
+                   disable=not (run.progress and is_main()), leave=False)
         try:
             while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
                 m = trainer.step()
@@ -381,7 +389,7 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
             logger.close()
         out.save_policy(trainer.policy.lm, trainer.tok)
         rd.save_json(out.samples, trainer.last_samples)
-        if rows:
+        if rows and is_main():
             plot_ppo_curves(rows, out.curves)
         last = rows[-1] if rows else {}
         step_s = sum(r["time/step_s"] for r in rows)
@@ -390,9 +398,11 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
                    "stopped_by_kl_limit": trainer.stopped_by_kl_limit, "final_score": last.get("objective/score"),
                    "final_gold": last.get("objective/gold"), "final_kl": last.get("objective/kl"),
                    "final_beta": last.get("objective/beta"),
-                   "episodes_per_s": cfg.batch_size * len(rows) / max(1e-9, step_s),
+                   "world_size": rank_and_world()[1],  # episodes: all ranks' (batch_size is per rank)
+                   "episodes_per_s": cfg.batch_size * rank_and_world()[1] * len(rows) / max(1e-9, step_s),
                    "config": asdict(cfg), "ppo": ppo.to_dict()}
         rd.save_json(out.summary, summary)
+    barrier()
     return summary
 
 
