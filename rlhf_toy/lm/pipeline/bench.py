@@ -70,8 +70,12 @@ def trl(python: str, episodes: int, batch_size: int, response_length: int, n_lay
         threads: int, skip_gc: bool, model_dir: str | None = None) -> dict[str, Any]:
     cmd = [python, str(PEER), "--episodes", str(episodes), "--batch-size", str(batch_size), "--response-length",
            str(response_length), "--n-layer", str(n_layer), "--n-embd", str(n_embd), "--threads", str(threads)]
-    if model_dir:
-        cmd += ["--model-dir", str(model_dir)]
+    if model_dir:  # the same prompts as `ours`, in the model's chat template
+        import tempfile
+
+        prompts = Path(tempfile.mkdtemp()) / "prompts.json"
+        prompts.write_text(json.dumps(helpdesk_task(n_train=4000, n_eval=10).train_prompts))
+        cmd += ["--model-dir", str(model_dir), "--prompts-file", str(prompts)]
     if skip_gc:
         cmd.append("--skip-gc-collect")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}

@@ -38,7 +38,8 @@ def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: li
     se = float(np.std(gold, ddof=1) / math.sqrt(len(gold))) if len(gold) > 1 else float("nan")
     topic = [task.is_on_topic(p, r) for p, r in zip(prompts, texts)]
     return {
-        "gold": float(np.mean(gold)), "gold_se": se, "rm_score": float(np.mean(rm_scores)),
+        "gold": float(np.mean(gold)), "gold_se": se, "gold_scores": [float(g) for g in gold],
+        "rm_score": float(np.mean(rm_scores)),
         "on_topic": float(np.mean(topic)) if task.has_topic else None,
         "distinct_2": distinct_2(texts), "repetition": repetition_rate(texts),
         "length_words": float(np.mean([len(t.split()) for t in texts])),
@@ -82,13 +83,25 @@ def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: l
     return rows
 
 
+def paired_gain(row: dict[str, Any], reference: dict[str, Any]) -> tuple[float, float]:
+    """Mean gold gain over the reference on the same prompts, and its paired standard error."""
+    diff = np.asarray(row["gold_scores"]) - np.asarray(reference["gold_scores"])
+    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+
+
 def evaluation_table(rows: list[dict[str, Any]]) -> str:
-    """The markdown table of every model's figures, then five sample conversations of each."""
-    head = ["model", "gold ± s.e.", "RM score", "KL (nats)", "on topic", "distinct-2", "repetition", "words"]
-    out = markdown_table(head, [[r["name"], f"{r['gold']:.3f} ± {r['gold_se']:.3f}", f"{r['rm_score']:.2f}",
+    """The markdown table of every model's figures (the first row is the reference: the others' gold gain over it
+    is paired by prompt), then five sample conversations of each."""
+    head = ["model", "gold ± s.e.", "gain over the first row ± paired s.e.", "RM score", "KL (nats)", "on topic",
+            "distinct-2", "repetition", "words"]
+    gains = [paired_gain(r, rows[0]) for r in rows]
+    out = markdown_table(head, [[r["name"], f"{r['gold']:.3f} ± {r['gold_se']:.3f}",
+                                 "-" if r is rows[0] else f"{g:+.3f} ± {se:.3f} ({g / se:.1f} s.e.)",
+                                 f"{r['rm_score']:.2f}",
                                  f"{r['kl']:.2f}",
                                  "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}", f"{r['distinct_2']:.3f}",
-                                 f"{r['repetition']:.3f}", f"{r['length_words']:.1f}"] for r in rows])
+                                 f"{r['repetition']:.3f}", f"{r['length_words']:.1f}"]
+                                for r, (g, se) in zip(rows, gains)])
     for r in rows:
         out += f"\n**{r['name']}**\n\n" + "".join(f"- {s['prompt']} -> {s['response']}\n" for s in r["samples"])
     return out
