@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from rlhf_toy.lm.algorithms.reward import RewardConfig, bradley_terry_loss, pairwise_accuracy, train_reward_model
 from rlhf_toy.lm.algorithms.sft import SFTConfig, encode_pairs, train_sft
 from rlhf_toy.lm.data.tasks import helpdesk_task
+from rlhf_toy.lm.pipeline.evaluate import format_gain, paired_gain
 from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, position_ids
 from rlhf_toy.lm.models.chat import EOS, PAD, encode_prompts, pad_sequences, prompt_text, train_tokenizer
 from rlhf_toy.lm.models.reward_model import MIN_NORM_STD, raw_scores, score_texts, set_normalization
@@ -134,3 +135,17 @@ def test_reward_model_round_trip_keeps_normalization(tok, tmp_path):
     again = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
     assert again.config.reward_mean == pytest.approx(mean) and again.config.reward_std == pytest.approx(std)
     torch.testing.assert_close(score_texts(again, tok, prompts, responses), s)
+
+
+def test_paired_gain_matches_a_naive_computation_and_tolerates_identical_scores():
+    ref = {"gold_scores": [0.0, 1.0, -1.0, 0.5]}
+    row = {"gold_scores": [0.5, 1.0, 0.0, 0.5]}
+    gain, se = paired_gain(row, ref)
+    diffs = [0.5, 0.0, 1.0, 0.0]
+    mean = sum(diffs) / 4
+    naive_se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3 / 4)
+    assert gain == pytest.approx(mean) and se == pytest.approx(naive_se)
+    assert format_gain(gain, se) == f"+{mean:.3f} ± {naive_se:.3f} ({mean / naive_se:.1f} s.e.)"
+    # a model that scores exactly like the reference (tiny random models do) has zero error: no ratio, no crash
+    gain, se = paired_gain(ref, ref)
+    assert (gain, se) == (0.0, 0.0) and format_gain(gain, se) == "+0.000 ± 0.000"

@@ -89,6 +89,12 @@ def paired_gain(row: dict[str, Any], reference: dict[str, Any]) -> tuple[float, 
     return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else float("nan")
 
 
+def format_gain(gain: float, se: float) -> str:
+    """`+0.189 ± 0.079 (2.4 s.e.)`; the ratio is left out when the error is zero or unknown (identical scores)."""
+    ratio = f" ({gain / se:.1f} s.e.)" if se > 0 else ""
+    return f"{gain:+.3f} ± {se:.3f}{ratio}"
+
+
 def evaluation_table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of every model's figures (the first row is the reference: the others' gold gain over it
     is paired by prompt), then five sample conversations of each."""
@@ -96,7 +102,7 @@ def evaluation_table(rows: list[dict[str, Any]]) -> str:
             "distinct-2", "repetition", "words"]
     gains = [paired_gain(r, rows[0]) for r in rows]
     out = markdown_table(head, [[r["name"], f"{r['gold']:.3f} ± {r['gold_se']:.3f}",
-                                 "-" if r is rows[0] else f"{g:+.3f} ± {se:.3f} ({g / se:.1f} s.e.)",
+                                 "-" if r is rows[0] else format_gain(g, se),
                                  f"{r['rm_score']:.2f}",
                                  f"{r['kl']:.2f}",
                                  "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}", f"{r['distinct_2']:.3f}",
