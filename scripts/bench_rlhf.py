@@ -1,11 +1,17 @@
 #!/usr/bin/env python
-"""PPO episodes per second: rlhf-toy against TRL's PPO trainer (as shipped, and with its gc.collect() calls
-skipped), same model sizes, batch 64, response length 24, 4 epochs, one torch thread, alternated in one session.
+"""Episodes per second: rlhf-toy against TRL, same model sizes, batch 64, response length 24, one torch thread,
+alternated in one session. PPO (4 epochs of one minibatch) against TRL's PPO trainer (trl 1.12, the last release
+that has it; as shipped, and with its gc.collect() calls skipped); RLOO / GRPO (16 prompts x 4 replies,
+minibatches of 16, 1 / 4 epochs) against the newest trl's RLOOTrainer / GRPOTrainer.
 
     python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 && \\
         .venv-trl/bin/pip install trl==1.12.0 transformers datasets accelerate
     python scripts/bench_rlhf.py --trl-python .venv-trl/bin/python
     python scripts/bench_rlhf.py --trl-python .venv-trl/bin/python --model smollm2 --batch-size 16 --episodes 32
+    python3 -m venv .venv-trl-new && .venv-trl-new/bin/pip install torch==2.13.0 && \\
+        .venv-trl-new/bin/pip install trl==1.16.0 transformers datasets accelerate "torch<2.14"
+    python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm rloo --repeats 3
+    python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm grpo --repeats 3
 
 `--model` runs both on a pretrained model instead (a directory, a .gguf file or smollm2, converted once into
 runs/bench_base): full-weight PPO on both sides, reward (and TRL's value) model = its trunk with a new head.
@@ -13,6 +19,7 @@ runs/bench_base): full-weight PPO on both sides, reward (and TRL's value) model 
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -20,7 +27,10 @@ from rlhf_toy.lm.pipeline.bench import ours_in_subprocess, trl
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trl-python", default=None, help="python of a venv with trl==1.12.0 (omit: ours only)")
+    p.add_argument("--trl-python", default=None,
+                   help="python of a venv with trl==1.12.0 (ppo) or the newest trl (rloo, grpo); omit: ours only")
+    p.add_argument("--algorithm", choices=["ppo", "rloo", "grpo"], default="ppo")
+    p.add_argument("--repeats", type=int, default=1, help="alternate ours and TRL this many times; report medians")
     p.add_argument("--sizes", nargs="+", default=["2x64", "4x128"], help="n_layer x n_embd")
     p.add_argument("--episodes", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=64)
@@ -44,15 +54,21 @@ if __name__ == "__main__":
     for size in a.sizes:
         n_layer, n_embd = (0, 0) if model_dir else (int(x) for x in size.split("x"))
         kw = dict(episodes=a.episodes, batch_size=a.batch_size, response_length=a.response_length, n_layer=n_layer,
-                  n_embd=n_embd, threads=a.threads, model_dir=model_dir)
-        rows = [ours_in_subprocess(**kw)]
-        if a.trl_python:
-            rows.append(trl(a.trl_python, **kw, skip_gc=False))
-            rows.append(trl(a.trl_python, **kw, skip_gc=True))
-        for r in rows:
-            print(json.dumps(r), flush=True)
-        eps = {r["peer"]: r.get("episodes_per_s") for r in rows}
-        report[size] = {"episodes_per_s": eps}
+                  n_embd=n_embd, threads=a.threads, model_dir=model_dir, algorithm=a.algorithm)
+        seen: dict[str, list[float]] = {}
+        for _ in range(a.repeats):
+            rows = [ours_in_subprocess(**kw)]
+            if a.trl_python:
+                rows.append(trl(a.trl_python, **kw, skip_gc=False))
+                if a.algorithm == "ppo":
+                    rows.append(trl(a.trl_python, **kw, skip_gc=True))
+            for r in rows:
+                print(json.dumps(r), flush=True)
+                if r.get("episodes_per_s"):
+                    seen.setdefault(r["peer"], []).append(r["episodes_per_s"])
+        eps = {peer: statistics.median(v) for peer, v in seen.items()}
+        report[size] = {"algorithm": a.algorithm, "threads": a.threads, "repeats": a.repeats,
+                        "median_episodes_per_s": eps}
         for peer in ("trl", "trl-nogc"):
             if eps.get(peer) and eps.get("rlhf-toy"):
                 report[size][f"ratio_vs_{peer}"] = eps["rlhf-toy"] / eps[peer]

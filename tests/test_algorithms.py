@@ -175,3 +175,15 @@ def test_compare_runs_every_method_and_draws_the_frontier(run_dir, tmp_path):
     assert all(m["seeds"] == 2 for m in report["methods"].values())
     assert report["methods"]["ppo"]["fit"] is not None and report["methods"]["dpo"]["fit"] is None
     assert (out / "compare.png").is_file() and "best-of-4" in (out / "compare.md").read_text()
+
+
+def test_a_gao_peak_far_beyond_the_fitted_range_is_reported_as_such():
+    from rlhf_toy.lm.pipeline.compare import fit_gao, format_fit
+
+    d = torch.linspace(0.2, 1.5, 12).numpy()
+    inside = fit_gao(d, d * (0.8 - 0.3 * d), "bon")  # peak at d = 1.33, inside the data
+    assert inside["max_d"] == pytest.approx(1.5)
+    assert format_fit(inside)[2] == f"{inside['peak_gain']:+.3f} ({inside['peak_d'] ** 2:.1f})"
+    far = fit_gao(d, d * (0.5 - 0.01 * torch.log(torch.tensor(d)).numpy()), "rl")  # peak at d = e^49
+    assert format_fit(far)[2] == "beyond the data (KL > 9)"
+    assert format_fit(fit_gao(d, 0.5 * d + 0.1 * d * d, "bon"))[2] == "none"  # beta < 0: no peak

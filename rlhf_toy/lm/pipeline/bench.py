@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,20 @@ from ..data.tasks import helpdesk_task
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import train_tokenizer
 from ..models.hf import load_base
+from .compare import PRESETS
 from .stages import quiet_libraries
 
-PEER = Path(__file__).resolve().parents[3] / "scripts" / "peers" / "trl_ppo_bench.py"
+PEERS = Path(__file__).resolve().parents[3] / "scripts" / "peers"
+PEER = PEERS / "trl_ppo_bench.py"
+GROUP = 4  # replies per prompt of the critic-free methods (RLOO, GRPO) on both sides
 
 
 def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
-         threads: int, model_dir: str | None = None) -> dict[str, Any]:
-    """This project's PPO on a random tiny GPT-2 of the given size, or on the pretrained model in `model_dir`
-    (policy from it, reward model = its trunk with a fresh scalar head, as the TRL runner builds them)."""
+         threads: int, model_dir: str | None = None, algorithm: str = "ppo") -> dict[str, Any]:
+    """This project's PPO (or RLOO / GRPO with 4 replies per prompt and the algorithm's own preset: RLOO one
+    pass of 4 minibatches, GRPO 4 clipped epochs of them and the KL as a k3 term in the loss, as TRL's
+    trainers do) on a random tiny GPT-2 of the given size, or on the pretrained model in `model_dir` (policy
+    from it, reward model = its trunk with a fresh scalar head, as the TRL runners build them)."""
     from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
     torch.set_num_threads(threads)
@@ -49,10 +55,13 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
                             num_labels=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                             pad_token_id=tok.pad_token_id, activation_function="gelu_pytorch_tanh")
         rm = GPT2ForSequenceClassification(rm_cfg).eval()
+    grouped = algorithm != "ppo"
     rl = RLHFConfig(steps=episodes // batch_size, batch_size=batch_size, temperature=0.7,
-                    max_new_tokens=response_length, stop_at_eos=False, kl_coef=0.05)
-    trainer = RLHFTrainer(policy, rm, tok, rl, lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6),
-                          task.train_prompts, seed=0)
+                    max_new_tokens=response_length, stop_at_eos=False, kl_coef=0.05,
+                    group_size=GROUP if grouped else 1, kl_in_loss=algorithm == "grpo")
+    preset = (replace(PRESETS[algorithm], minibatch_size=batch_size // 4) if grouped
+              else lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6))
+    trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
     t0 = time.perf_counter()
     lengths = []
     for _ in range(rl.steps):
@@ -61,28 +70,38 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
     train_s = time.perf_counter() - t0
     assert all(n == response_length for n in lengths), lengths
     n = rl.steps * batch_size
-    return {"peer": "rlhf-toy", "episodes": n, "batch_size": batch_size, "response_length": response_length,
-            "n_layer": n_layer, "n_embd": n_embd, "train_s": train_s, "episodes_per_s": n / train_s,
-            "tokens_per_s": n * response_length / train_s}
+    return {"peer": "rlhf-toy", "algorithm": algorithm, "episodes": n, "batch_size": batch_size,
+            "response_length": response_length, "n_layer": n_layer, "n_embd": n_embd, "train_s": train_s,
+            "episodes_per_s": n / train_s, "tokens_per_s": n * response_length / train_s}
 
 
 def trl(python: str, episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
-        threads: int, skip_gc: bool, model_dir: str | None = None) -> dict[str, Any]:
-    cmd = [python, str(PEER), "--episodes", str(episodes), "--batch-size", str(batch_size), "--response-length",
-           str(response_length), "--n-layer", str(n_layer), "--n-embd", str(n_embd), "--threads", str(threads)]
-    if model_dir:  # the same prompts as `ours`, in the model's chat template
-        import tempfile
+        threads: int, skip_gc: bool = False, model_dir: str | None = None, algorithm: str = "ppo") -> dict[str, Any]:
+    """TRL on the same settings in its own venv: PPO through `trl_ppo_bench.py` (trl 1.12, the last with PPO),
+    RLOO / GRPO through `trl_critic_free_bench.py` (the newest trl's RLOOTrainer / GRPOTrainer)."""
+    import tempfile
 
-        prompts = Path(tempfile.mkdtemp()) / "prompts.json"
-        prompts.write_text(json.dumps(helpdesk_task(n_train=4000, n_eval=10).train_prompts))
-        cmd += ["--model-dir", str(model_dir), "--prompts-file", str(prompts)]
-    if skip_gc:
-        cmd.append("--skip-gc-collect")
+    prompts = Path(tempfile.mkdtemp()) / "prompts.json"  # the prompts `ours` trains on
+    prompts.write_text(json.dumps(helpdesk_task(n_train=4000, n_eval=10).train_prompts))
+    common = ["--episodes", str(episodes), "--batch-size", str(batch_size), "--response-length", str(response_length),
+              "--n-layer", str(n_layer), "--n-embd", str(n_embd), "--threads", str(threads)]
+    if algorithm == "ppo":
+        cmd = [python, str(PEER), *common]
+        if model_dir:  # the same prompts as `ours`, in the model's chat template
+            cmd += ["--prompts-file", str(prompts)]
+        if skip_gc:
+            cmd.append("--skip-gc-collect")
+    else:
+        cmd = [python, str(PEERS / "trl_critic_free_bench.py"), "--trainer", algorithm, "--prompts-file", str(prompts),
+               "--group-size", str(GROUP), "--minibatch-size", str(batch_size // 4), *common]
+    if model_dir:
+        cmd += ["--model-dir", str(model_dir)]
+    name = "trl" + ("-nogc" if skip_gc else "")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if p.returncode != 0:
-        return {"peer": "trl" + ("-nogc" if skip_gc else ""), "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-    return {"peer": "trl" + ("-nogc" if skip_gc else ""), **json.loads(p.stdout.strip().splitlines()[-1])}
+        return {"peer": name, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    return {"peer": name, **json.loads(p.stdout.strip().splitlines()[-1])}
 
 
 def ours_in_subprocess(**kw: Any) -> dict[str, Any]:

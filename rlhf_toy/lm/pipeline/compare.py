@@ -60,19 +60,35 @@ class CompareConfig:
 
 def fit_gao(d: np.ndarray, r: np.ndarray, form: str) -> dict[str, float]:
     """Least-squares alpha, beta of R = d (alpha - beta f(d)), f = d (best-of-n) or log d (RL), on points with
-    d > 0; and the predicted peak (d*, R*) where dR/dd = 0 (None when beta <= 0: no peak in this form)."""
+    d > 0; the predicted peak (d*, R*) where dR/dd = 0 (None when beta <= 0: no peak in this form); and the
+    largest d fitted (`max_d`: a peak far beyond it is an extrapolation, not a prediction to trust)."""
     keep = d > 1e-6
     d, r = d[keep], r[keep]
     if len(d) < 2:
-        return {"alpha": float("nan"), "beta": float("nan"), "peak_d": None, "peak_gain": None}
+        return {"alpha": float("nan"), "beta": float("nan"), "peak_d": None, "peak_gain": None, "max_d": None}
+    max_d = float(d.max())
     f = d if form == "bon" else np.log(d)
     A = np.stack([d, -d * f], 1)  # R = alpha d - beta d f(d): linear in (alpha, beta)
     (alpha, beta), *_ = np.linalg.lstsq(A, r, rcond=None)
     if beta <= 0:
-        return {"alpha": float(alpha), "beta": float(beta), "peak_d": None, "peak_gain": None}
+        return {"alpha": float(alpha), "beta": float(beta), "peak_d": None, "peak_gain": None, "max_d": max_d}
     peak = alpha / (2 * beta) if form == "bon" else math.exp(alpha / beta - 1)
     gain = peak * (alpha - beta * (peak if form == "bon" else math.log(peak)))
-    return {"alpha": float(alpha), "beta": float(beta), "peak_d": float(peak), "peak_gain": float(gain)}
+    return {"alpha": float(alpha), "beta": float(beta), "peak_d": float(peak), "peak_gain": float(gain),
+            "max_d": max_d}
+
+
+def format_fit(f: dict[str, Any] | None) -> list[str]:
+    """The table cells alpha, beta, peak gold gain (at KL) of one `fit_gao` result."""
+    if not f or f["alpha"] != f["alpha"]:
+        return ["-", "-", "-"]
+    if f["peak_d"] is None:
+        peak = "none"
+    elif f["peak_d"] > 2 * f["max_d"]:  # far outside the fitted KL range: say so instead of a number
+        peak = f"beyond the data (KL > {(2 * f['max_d']) ** 2:.0f})"
+    else:
+        peak = f"{f['peak_gain']:+.3f} ({f['peak_d'] ** 2:.1f})"
+    return [f"{f['alpha']:.3f}", f"{f['beta']:.3f}", peak]
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -143,21 +159,15 @@ def summarize(sft_row: dict[str, Any], bon: list[dict[str, Any]], results: dict[
     head = ["method", "seeds", "gold", "RM score", "KL (nats)", "on topic", "distinct-2", "wall s", "episodes/s",
             "Gao alpha", "Gao beta", "peak gold gain (at KL)"]
 
-    def fmt(f: dict[str, Any] | None) -> list[str]:
-        if not f or f["alpha"] != f["alpha"]:
-            return ["-", "-", "-"]
-        peak = "none" if f["peak_d"] is None else f"{f['peak_gain']:+.3f} ({f['peak_d'] ** 2:.1f})"
-        return [f"{f['alpha']:.3f}", f"{f['beta']:.3f}", peak]
-
     pm = lambda x: f"{x['mean']:.3f} ± {x['se']:.3f}"  # noqa: E731
     rows = [["SFT", "-", f"{sft_row['gold']:.3f}", f"{sft_row['rm_score']:.2f}", "0", "-", "-", "-", "-",
              "-", "-", "-"]]
     rows += [[r["name"], "-", f"{r['gold']:.3f}", f"{r['rm_score']:.2f}", f"{r['kl']:.2f}", "-", "-", "-", "-",
-              *(fmt(bon_fit) if r is bon[-1] else ["-", "-", "-"])] for r in bon]
+              *(format_fit(bon_fit) if r is bon[-1] else ["-", "-", "-"])] for r in bon]
     for m, f in methods.items():
         rows.append([m, str(f["seeds"]), pm(f["gold"]), pm(f["rm_score"]), pm(f["kl"]),
                      pm(f["on_topic"]) if "on_topic" in f else "-", pm(f["distinct_2"]), f"{f['wall_s']['mean']:.0f}",
-                     "-" if f["episodes_per_s"] is None else f"{f['episodes_per_s']:.0f}", *fmt(f["fit"])])
+                     "-" if f["episodes_per_s"] is None else f"{f['episodes_per_s']:.0f}", *format_fit(f["fit"])])
     return {"sft": sft_row, "best_of_n": bon, "best_of_n_fit": bon_fit, "methods": methods,
             "runs": results, "table": markdown_table(head, rows)}
 
@@ -167,17 +177,17 @@ def plot_frontier(report: dict[str, Any], curves: dict[str, list[list[dict[str, 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     bon = report["best_of_n"]
     d = [math.sqrt(max(r["kl"], 0.0)) for r in bon]
+    base = report["sft"]["gold"]
     for ax, key, label in ((axes[0], "gold", "gold (held-out)"), (axes[1], "rm_score", "reward-model score")):
         ax.plot(d, [r[key] for r in bon], "k--o", ms=3, label="best-of-n (n = 1 ... 64)")
-        for m, f in report["methods"].items():
+        for i, (m, f) in enumerate(report["methods"].items()):
+            color = f"C{i}"
             x = math.sqrt(max(f["kl"]["mean"], 0.0))
-            ax.errorbar(x, f[key]["mean"], yerr=f[key]["se"], fmt="o", capsize=3, label=m)
+            ax.errorbar(x, f[key]["mean"], yerr=f[key]["se"], fmt="o", capsize=3, color=color, label=m)
+            if key == "gold" and curves.get(m):  # the training batches' path to it, faint, in the same colour
+                xs, gain = training_curve(curves[m])
+                ax.plot(xs, base + gain, alpha=0.35, lw=1, color=color)
         ax.set(xlabel="sqrt(KL to the reference, nats)", ylabel=label)
-    base = report["sft"]["gold"]
-    for rows in curves.values():  # each online method's training batches, faint
-        if rows:
-            x, gain = training_curve(rows)
-            axes[0].plot(x, base + gain, alpha=0.35, lw=1)
     axes[0].set_title("What we wanted (gold)")
     axes[1].set_title("What was optimized (proxy)")
     axes[0].legend(fontsize=7)

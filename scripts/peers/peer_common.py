@@ -1,0 +1,97 @@
+"""What the TRL peer runners share: an offline, thread-limited environment, and the tiny BPE tokenizer and GPT-2
+config they build from nothing. Benchmark harness, not product code.
+
+`configure(threads)` must run before torch / transformers are imported (thread counts are read at import), so
+this module imports them only inside functions.
+"""
+
+import os
+import sys
+
+WORDS = (
+    "the a one my your our this that some every cat dog bird fish tree river hill cloud stone light "
+    "house road city story song game book letter garden ship train star moon sun rain wind snow "
+    "red blue green small big old new quiet bright dark happy sad fast slow warm cold "
+    "runs walks sees finds makes takes gives tells writes reads sings plays builds opens closes "
+    "and but so then because while when where why how what who please write tell describe explain"
+).split()
+
+
+def configure(threads):
+    """Offline, no trackers, `threads` torch/OMP/MKL threads (set before torch is imported)."""
+    for k, v in {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_DISABLED": "true",
+        "WANDB_MODE": "disabled",
+        "TRL_EXPERIMENTAL_SILENCE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+    }.items():
+        os.environ[k] = v
+
+
+def logger(prefix):
+    def log(msg):
+        print(f"[{prefix}] {msg}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def make_corpus(rng, n_lines=4000):
+    lines = []
+    for _ in range(n_lines):
+        k = rng.randint(3, 14)
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)) + rng.choice([".", "?", "!", ","]))
+    return lines
+
+
+def build_tokenizer(out_dir, rng, vocab_size, extra_lines=()):
+    """A byte-level BPE with [PAD] (distinct from EOS), [BOS], [EOS], left padding, trained on a generated corpus
+    (plus `extra_lines`, e.g. the benchmark's prompts)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["[PAD]", "[BOS]", "[EOS]"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(make_corpus(rng) + list(extra_lines), trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        bos_token="[BOS]",
+        eos_token="[EOS]",
+        padding_side="left",
+    )
+    hf_tok.save_pretrained(out_dir)
+    return PreTrainedTokenizerFast.from_pretrained(out_dir, padding_side="left")
+
+
+def tiny_gpt2_config(tokenizer, n_positions, n_embd, n_layer, n_head):
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=1,
+    )
+
+
+def peak_rss_mb():
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
