@@ -28,14 +28,15 @@ from ..models.hf import reference_mode, trainable_parameters
 class DPOConfig:
     """DPO's settings."""
 
-    beta: float = option("DPO's beta: the strength of the implicit KL to the reference.", 0.1)
+    beta: float = option("DPO's beta: the strength of the implicit KL to the reference (0.1 drifts to KL ~20 on "
+                         "helpdesk in one epoch; 1.0 stays near 2 nats with higher gold: README).", 1.0)
     epochs: int = option("Passes over the preference pairs.", 1)
     batch_size: int = option("Pairs per gradient step.", 32)
     learning_rate: float = option("Adam learning rate (constant after a short warmup).", 1e-4)
     max_grad_norm: float = option("Gradient-norm clip.", 1.0)
 
     def __post_init__(self) -> None:
-        check(self.beta > 0, "beta", self.beta, "> 0, e.g. 0.1")
+        check(self.beta > 0, "beta", self.beta, "> 0, e.g. 1.0")
         check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 1e-4")
