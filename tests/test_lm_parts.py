@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from rlhf_toy.lm.algorithms.reward import RewardConfig, bradley_terry_loss, pairwise_accuracy, train_reward_model
 from rlhf_toy.lm.algorithms.sft import SFTConfig, encode_pairs, train_sft
 from rlhf_toy.lm.data.tasks import helpdesk_task
-from rlhf_toy.lm.pipeline.evaluate import format_gain, paired_gain
 from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, position_ids
 from rlhf_toy.lm.models.chat import EOS, PAD, encode_prompts, pad_sequences, prompt_text, train_tokenizer
 from rlhf_toy.lm.models.reward_model import MIN_NORM_STD, raw_scores, score_texts, set_normalization
+from rlhf_toy.lm.pipeline.evaluate import format_gain, paired_gain
 
 TINY = ModelConfig(n_layer=2, n_embd=32, n_head=2, n_positions=64)
 

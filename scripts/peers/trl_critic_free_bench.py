@@ -113,7 +113,10 @@ def tiny_models(tmp, prompts, a):
     path = os.path.join(tmp, "policy")  # TRL loads the reference model from the policy's name_or_path
     GPT2LMHeadModel(cfg).save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return tokenizer, GPT2LMHeadModel.from_pretrained(path), GPT2ForSequenceClassification(cfg)
+    # TRL scores decoded text re-encoded for the reward model, which can take more tokens than were sampled:
+    # room for 4x (position embeddings only; the compute is the same)
+    rm_cfg = tiny_gpt2_config(tokenizer, 4 * a.n_positions, a.n_embd, a.n_layer, a.n_head)
+    return tokenizer, GPT2LMHeadModel.from_pretrained(path), GPT2ForSequenceClassification(rm_cfg)
 
 
 def pretrained_models(model_dir, a):
