@@ -33,6 +33,37 @@ def configure(threads):
         os.environ[k] = v
 
 
+def quiet_libraries(verbose, category=FutureWarning):
+    """transformers' logs and progress bars off, warnings of `category` ignored (unless `verbose`)."""
+    import warnings
+
+    import transformers
+
+    if not verbose:
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        warnings.filterwarnings("ignore", category=category)
+
+
+def pretrained_tokenizer(model_dir):
+    """The directory's tokenizer, left padding, EOS as PAD where it has none (Llama-style)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def scalar_head_model(model_dir, tokenizer):
+    """The directory's trunk with a fresh scalar head (a reward or value model), padding with `tokenizer`'s PAD."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
 def logger(prefix):
     def log(msg):
         print(f"[{prefix}] {msg}", file=sys.stderr, flush=True)

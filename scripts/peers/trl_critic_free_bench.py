@@ -35,7 +35,16 @@ Usage (its own venv: the newest trl pins its own versions):
 import argparse
 import sys
 
-from peer_common import build_tokenizer, configure, logger, peak_rss_mb, tiny_gpt2_config
+from peer_common import (
+    build_tokenizer,
+    configure,
+    logger,
+    peak_rss_mb,
+    pretrained_tokenizer,
+    quiet_libraries,
+    scalar_head_model,
+    tiny_gpt2_config,
+)
 
 
 def parse_args():
@@ -80,28 +89,17 @@ import os  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import warnings  # noqa: E402
 
 import torch  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
 torch.set_num_interop_threads(1)
 
-import transformers  # noqa: E402
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers import (  # noqa: E402
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    GPT2ForSequenceClassification,
-    GPT2LMHeadModel,
-)
+from transformers import AutoModelForCausalLM, GPT2ForSequenceClassification, GPT2LMHeadModel  # noqa: E402
 
-if not ARGS.verbose:
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    warnings.filterwarnings("ignore")
+quiet_libraries(ARGS.verbose, Warning)
 
 log = logger("trl_critic_free_bench")
 
@@ -120,14 +118,10 @@ def tiny_models(tmp, prompts, a):
 
 
 def pretrained_models(model_dir, a):
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = pretrained_tokenizer(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir)
     torch.manual_seed(a.seed)
-    reward = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1)
-    reward.config.pad_token_id = tokenizer.pad_token_id
-    return tokenizer, policy, reward
+    return tokenizer, policy, scalar_head_model(model_dir, tokenizer)
 
 
 def main():
