@@ -27,6 +27,7 @@ from rlhf_toy.ppo import PPOConfig
 
 ALGORITHMS = ("ppo", "reinforce", "reinforce_baseline", "rloo", "grpo")
 GROUPED = ("rloo", "grpo")  # k samples per prompt
+GROUP_SIZE = 4  # their default k (`--group_size`)
 POLICY_LOSS = {"ppo": "clipped", "reinforce": "pg", "reinforce_baseline": "pg", "rloo": "pg", "grpo": "clipped"}
 
 LM_REINFORCE = PPOConfig(
@@ -101,6 +102,10 @@ LM_GRPO = PPOConfig(
     target_kl=None,
     adam_eps=1e-5,
 )
+
+
+def default_group_size(algorithm: str) -> int:
+    return GROUP_SIZE if algorithm in GROUPED else 1
 
 
 def check_algorithm(algorithm: str, group_size: int, batch_size: int) -> None:

@@ -30,7 +30,15 @@ from ..models.policy import PolicyWithValueHead
 from ..models.reward_model import RewardModel, score_token_ids
 from ..models.sampling import Samples, sample
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
-from .online import POLICY_LOSS, advantages_and_returns, check_algorithm
+from .online import (
+    LM_GRPO,
+    LM_REINFORCE,
+    LM_REINFORCE_BASELINE,
+    LM_RLOO,
+    POLICY_LOSS,
+    advantages_and_returns,
+    check_algorithm,
+)
 
 # The PPO preset for language models, one complete PPOConfig (TRL-like). Comments mark what differs from
 # PPOConfig's defaults.
@@ -52,6 +60,11 @@ LM_PPO = PPOConfig(
     target_kl=None,
     adam_eps=1e-5,
 )
+
+
+# Each online algorithm's complete preset, by name (the commands' defaults, the comparison's settings).
+PRESETS: dict[str, PPOConfig] = {"ppo": LM_PPO, "reinforce": LM_REINFORCE, "reinforce_baseline": LM_REINFORCE_BASELINE,
+                                 "rloo": LM_RLOO, "grpo": LM_GRPO}
 
 
 def lm_ppo_config(**overrides: Any) -> PPOConfig:

@@ -215,6 +215,14 @@ def require_peft() -> None:
         raise UserError("LoRA (--lora_r > 0) needs peft: pip install -e '.[lora]' (or pip install peft)")
 
 
+def lora_settings(lora: LoraConfig | None) -> LoraConfig:
+    """`lora`, or no LoRA; a stage calls it first, so LoRA without peft fails before any model loads."""
+    lora = lora or LoraConfig()
+    if lora.enabled:
+        require_peft()
+    return lora
+
+
 def add_lora(model, cfg: LoraConfig, task_type: str):
     """`model` wrapped with fresh trainable adapters (peft `get_peft_model`); `task_type` CAUSAL_LM or SEQ_CLS
     (a sequence classifier's score head trains in full beside the adapters)."""

@@ -19,17 +19,16 @@ from typing import Any
 
 import torch
 
-from ..algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+from ..algorithms.online import GROUP_SIZE, default_group_size
+from ..algorithms.rlhf import PRESETS, RLHFConfig, RLHFTrainer, lm_ppo_config
 from ..data.tasks import helpdesk_task
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import train_tokenizer
 from ..models.hf import load_base
-from .compare import PRESETS
 from .stages import quiet_libraries
 
 PEERS = Path(__file__).resolve().parents[3] / "scripts" / "peers"
 PEER = PEERS / "trl_ppo_bench.py"
-GROUP = 4  # replies per prompt of the critic-free methods (RLOO, GRPO) on both sides
 
 
 def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
@@ -58,7 +57,7 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
     grouped = algorithm != "ppo"
     rl = RLHFConfig(steps=episodes // batch_size, batch_size=batch_size, temperature=0.7,
                     max_new_tokens=response_length, stop_at_eos=False, kl_coef=0.05,
-                    group_size=GROUP if grouped else 1, kl_in_loss=algorithm == "grpo")
+                    group_size=default_group_size(algorithm), kl_in_loss=algorithm == "grpo")
     preset = (replace(PRESETS[algorithm], minibatch_size=batch_size // 4) if grouped
               else lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6))
     trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
@@ -93,7 +92,7 @@ def trl(python: str, episodes: int, batch_size: int, response_length: int, n_lay
             cmd.append("--skip-gc-collect")
     else:
         cmd = [python, str(PEERS / "trl_critic_free_bench.py"), "--trainer", algorithm, "--prompts-file", str(prompts),
-               "--group-size", str(GROUP), "--minibatch-size", str(batch_size // 4), *common]
+               "--group-size", str(GROUP_SIZE), "--minibatch-size", str(batch_size // 4), *common]
     if model_dir:
         cmd += ["--model-dir", str(model_dir)]
     name = "trl" + ("-nogc" if skip_gc else "")

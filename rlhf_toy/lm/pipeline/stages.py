@@ -40,8 +40,8 @@ from ..models.hf import (
     context_length,
     freeze_below,
     load_base,
+    lora_settings,
     merged_copy,
-    require_peft,
     resolve_base_model,
     resolve_device,
 )
@@ -256,9 +256,7 @@ def start_reward_model(run: RunConfig, cfg: RewardConfig, lora: LoraConfig):
 def stage_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = None) -> dict[str, Any]:
     run.start()
     rd = run.dir
-    lora = lora or LoraConfig()
-    if lora.enabled:
-        require_peft()
+    lora = lora_settings(lora)
     pairs = rd.load_preferences(run.preferences_file)
     rm, tok = start_reward_model(run, cfg, lora)
     check_fits(encode_prompts(tok, pairs["prompt"]), context_length(rm.config), 2, "preference")
@@ -332,6 +330,18 @@ def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> Non
                         "values (only --steps and --save_every may change) or start a new --ppo_dir")
 
 
+def start_policy(rd: RunDir, device: torch.device, lora: LoraConfig):
+    """`(policy, tokenizer)` of a policy stage: the SFT model, with fresh trainable LoRA adapters if asked for."""
+    model, tok = rd.load_sft(device)
+    return (add_lora(model, lora, "CAUSAL_LM") if lora.enabled else model), tok
+
+
+def reference_model(rd: RunDir, device: torch.device, lora: LoraConfig):
+    """The frozen reference: a second copy of the SFT model, or None for a LoRA policy (the same network with
+    its adapters off: no copy in memory)."""
+    return None if lora.enabled else rd.load_sft(device)[0]
+
+
 def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeConfig,
               lora: LoraConfig | None = None, algorithm: str = "ppo") -> dict[str, Any]:
     """An online RLHF run: PPO, or another algorithm of `online.py` (its output directory defaults to
@@ -339,9 +349,7 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
     task = run.start()
     rd = run.dir
     check_algorithm(algorithm, cfg.group_size, cfg.batch_size)
-    lora = lora or LoraConfig()
-    if lora.enabled:
-        require_peft()
+    lora = lora_settings(lora)
     device = run.torch_device
     out = rd.ppo(resume.ppo_dir or (None if algorithm == "ppo" else algorithm))
     settings = {**run_settings(run, cfg, ppo), **asdict(lora), "algorithm": algorithm}
@@ -351,10 +359,8 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
             model, tok, state = out.load_checkpoint(lambda: rd.load_sft(device) if lora.enabled else None)
             check_resume_settings(state.get("settings", {}), settings)
         else:
-            model, tok = rd.load_sft(device)
-            if lora.enabled:  # the adapters train; the reference is the same network with them off
-                model = add_lora(model, lora, "CAUSAL_LM")
-        ref_model = None if lora.enabled else rd.load_sft(device)[0]
+            model, tok = start_policy(rd, device, lora)
+        ref_model = reference_model(rd, device, lora)
         rm = rd.load_reward_model(tok, cfg.reward_reads, device)
         trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
                               ref_model=ref_model, algorithm=algorithm)
@@ -418,16 +424,12 @@ def stage_dpo(run: RunConfig, cfg: DPOConfig, where: DPODirConfig, lora: LoraCon
     Held-out: the implicit-reward accuracy on the preferences stage's held-out groups (pairs of different gold)."""
     run.start()
     rd = run.dir
-    lora = lora or LoraConfig()
-    if lora.enabled:
-        require_peft()
+    lora = lora_settings(lora)
     out = rd.ppo(where.dpo_dir)
     pairs = rd.load_preferences(run.preferences_file)
     with out.lock():
-        model, tok = rd.load_sft(run.torch_device)
-        ref_model = None if lora.enabled else rd.load_sft(run.torch_device)[0]
-        if lora.enabled:
-            model = add_lora(model, lora, "CAUSAL_LM")
+        model, tok = start_policy(rd, run.torch_device, lora)
+        ref_model = reference_model(rd, run.torch_device, lora)
         held = rd.load_json(rd.preferences_eval)
         held_pairs = None if held is None else dpo_pairs_from_groups(held["prompts"], held["responses"],
                                                                       held["scores"])
