@@ -27,7 +27,7 @@ from ..models.causal_lm import response_logprobs
 from ..models.chat import encode_prompts
 from ..models.hf import autocast, context_length, is_lora, model_device, reference_mode, trainable_parameters
 from ..models.policy import PolicyWithValueHead
-from ..models.reward_model import RewardModel, score_token_ids
+from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, sample
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
 from .online import (
@@ -134,8 +134,7 @@ def score_responses(reward_model, tok, s: Samples) -> Tensor:
     if isinstance(reward_model, RewardModel):
         return reward_model.score_samples(s, tok)
     if isinstance(reward_model, torch.nn.Module):
-        return score_token_ids(reward_model, s.prompt_ids.cpu(), s.prompt_mask.cpu(), s.response_ids.cpu(),
-                               s.response_mask.cpu(), tok.eos_token_id, tok.pad_token_id).cpu()
+        return RewardModel(reward_model, tok, reads_ids=True).score_samples(s, tok)
     return torch.as_tensor(reward_model(s.prompts, s.texts), dtype=torch.float32)
 
 

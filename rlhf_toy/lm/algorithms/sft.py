@@ -17,6 +17,7 @@ from rlhf_toy.distributed import data_parallel, rank_and_world, shard
 from rlhf_toy.errors import UserError
 
 from ..models.chat import encode_prompts, encode_responses, pad_sequences
+from ..models.hf import model_device
 
 PairIds = list[tuple[list[int], list[int]]]  # (prompt ids, response ids + EOS) per pair
 
@@ -64,7 +65,7 @@ def sft_batches(pairs_ids: PairIds, batch_size: int, pad_id: int, generator: tor
 
 def lm_loss(model, ids: Tensor, mask: Tensor, labels: Tensor) -> tuple[Tensor, int]:
     """Summed next-token cross-entropy over labelled tokens, and their count (on the model's device)."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     target = labels[:, 1:]

@@ -18,6 +18,8 @@ from torch import Tensor
 
 from rlhf_toy.config import check, option
 
+from .hf import model_device
+
 
 @dataclass
 class ModelConfig:
@@ -60,7 +62,7 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     Returns `logprobs [B, R]`, `entropy [B, R]` (and the last hidden states at the positions that predict
     each response token, `[B, R, H]`, if `return_hidden`).
     """
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids = torch.cat([prompt_ids, response_ids], 1).to(device)
     mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1).to(device)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .causal_lm import response_logprobs
+from .hf import model_device
 
 
 class PolicyWithValueHead(nn.Module):
@@ -21,7 +22,7 @@ class PolicyWithValueHead(nn.Module):
         self.value_head = nn.Sequential(nn.Linear(width, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
         nn.init.zeros_(self.value_head[2].weight)
         nn.init.zeros_(self.value_head[2].bias)
-        self.value_head.to(next(lm.parameters()).device)
+        self.value_head.to(model_device(lm))
 
     def forward(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The same as `evaluate` (what `DistributedDataParallel` calls)."""

@@ -25,6 +25,7 @@ from rlhf_toy.masks import last_real_index
 
 from .causal_lm import position_ids
 from .chat import encode_prompts, encode_responses, pad_sequences
+from .hf import model_device
 
 
 def reward_model_from(model_dir: str | Path, tok, what: str = "SFT"):
@@ -47,7 +48,7 @@ def trunk_and_head(rm) -> tuple[Any, Any]:
 def raw_scores(rm, ids: Tensor, mask: Tensor) -> Tensor:
     """Unnormalized scalar scores `[B]` read at the last real token."""
     trunk, head = trunk_and_head(rm)
-    device = next(rm.parameters()).device
+    device = model_device(rm)
     ids, mask = ids.to(device), mask.to(device)
     hidden = trunk(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).last_hidden_state
     last = hidden[torch.arange(ids.shape[0], device=device), last_real_index(mask)]

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .chat import encode_prompts, pad_sequences, widen
+from .hf import model_device
 
 
 @dataclass
@@ -44,7 +45,7 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
     benchmarks), without changing the sampling distribution.
     """
     chunks = []
-    device = next(model.parameters()).device
+    device = model_device(model)
     saved_eos = model.generation_config.eos_token_id
     if not stop_at_eos:
         model.generation_config.eos_token_id = None  # generate() would otherwise fall back to it and stop

@@ -24,7 +24,7 @@ from rlhf_toy.logging import markdown_table, moving_average, plt_module, read_js
 from ..algorithms.dpo import DPOConfig
 from ..algorithms.online import default_group_size
 from ..algorithms.rlhf import PRESETS, RLHFConfig
-from .evaluate import evaluate_best_of_n, evaluate_policy
+from .evaluate import evaluate_best_of_n, evaluate_policy, standard_error
 from .stages import DPODirConfig, ResumeConfig, RunConfig, stage_dpo, stage_ppo, writes_run_dir
 
 METHODS = (*PRESETS, "dpo")
@@ -88,8 +88,7 @@ def format_fit(f: dict[str, Any] | None) -> list[str]:
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
-    v = np.asarray(values, dtype=float)
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0
+    return float(np.mean(values)), standard_error(values) if len(values) > 1 else 0.0  # one seed: no spread
 
 
 def training_curve(rows_by_seed: list[list[dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray]:

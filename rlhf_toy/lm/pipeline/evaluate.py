@@ -35,7 +35,7 @@ def repetition_rate(texts: list[str]) -> float:
 
 def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: list[float]) -> dict[str, Any]:
     gold = task.judge(prompts, texts)
-    se = float(np.std(gold, ddof=1) / math.sqrt(len(gold))) if len(gold) > 1 else float("nan")
+    se = standard_error(gold)
     topic = [task.is_on_topic(p, r) for p, r in zip(prompts, texts)]
     return {
         "gold": float(np.mean(gold)), "gold_se": se, "gold_scores": [float(g) for g in gold],
@@ -83,10 +83,16 @@ def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: l
     return rows
 
 
+def standard_error(values) -> float:
+    """The standard error of the mean of `values` (sample std / sqrt n); nan for fewer than 2 values."""
+    v = np.asarray(values, dtype=float)
+    return float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
+
+
 def paired_gain(row: dict[str, Any], reference: dict[str, Any]) -> tuple[float, float]:
     """Mean gold gain over the reference on the same prompts, and its paired standard error."""
     diff = np.asarray(row["gold_scores"]) - np.asarray(reference["gold_scores"])
-    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+    return float(diff.mean()), standard_error(diff)
 
 
 def format_gain(gain: float, se: float) -> str:
