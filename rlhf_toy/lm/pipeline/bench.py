@@ -9,9 +9,12 @@ versions); see README "Speed" for the setup line.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -78,37 +81,41 @@ def trl(python: str, episodes: int, batch_size: int, response_length: int, n_lay
         threads: int, skip_gc: bool = False, model_dir: str | None = None, algorithm: str = "ppo") -> dict[str, Any]:
     """TRL on the same settings in its own venv: PPO through `trl_ppo_bench.py` (trl 1.12, the last with PPO),
     RLOO / GRPO through `trl_critic_free_bench.py` (the newest trl's RLOOTrainer / GRPOTrainer)."""
-    import tempfile
-
-    prompts = Path(tempfile.mkdtemp()) / "prompts.json"  # the prompts `ours` trains on
-    prompts.write_text(json.dumps(helpdesk_task(n_train=4000, n_eval=10).train_prompts))
     common = ["--episodes", str(episodes), "--batch-size", str(batch_size), "--response-length", str(response_length),
               "--n-layer", str(n_layer), "--n-embd", str(n_embd), "--threads", str(threads)]
     if algorithm == "ppo":
         cmd = [python, str(PEER), *common]
         if model_dir:  # the same prompts as `ours`, in the model's chat template
-            cmd += ["--prompts-file", str(prompts)]
+            cmd += ["--prompts-file", str(prompts_file())]
         if skip_gc:
             cmd.append("--skip-gc-collect")
     else:
-        cmd = [python, str(PEERS / "trl_critic_free_bench.py"), "--trainer", algorithm, "--prompts-file", str(prompts),
-               "--group-size", str(GROUP_SIZE), "--minibatch-size", str(batch_size // 4), *common]
+        cmd = [python, str(PEERS / "trl_critic_free_bench.py"), "--trainer", algorithm,
+               "--prompts-file", str(prompts_file()), "--group-size", str(GROUP_SIZE),
+               "--minibatch-size", str(batch_size // 4), *common]
     if model_dir:
         cmd += ["--model-dir", str(model_dir)]
-    name = "trl" + ("-nogc" if skip_gc else "")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if p.returncode != 0:
-        return {"peer": name, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-    return {"peer": name, **json.loads(p.stdout.strip().splitlines()[-1])}
+    return run_json(cmd, threads, "trl" + ("-nogc" if skip_gc else ""))
 
 
 def ours_in_subprocess(**kw: Any) -> dict[str, Any]:
-    import sys
-
     code = f"import json; from rlhf_toy.lm.pipeline.bench import ours; print(json.dumps(ours(**{kw!r})))"
-    env = {**os.environ, "OMP_NUM_THREADS": str(kw["threads"]), "HF_HUB_OFFLINE": "1"}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    return run_json([sys.executable, "-c", code], kw["threads"], "rlhf-toy")
+
+
+@functools.cache
+def prompts_file() -> Path:
+    """The prompts `ours` trains on, as a JSON file for the TRL runners (written once per process)."""
+    path = Path(tempfile.mkdtemp()) / "prompts.json"
+    path.write_text(json.dumps(helpdesk_task(n_train=4000, n_eval=10).train_prompts))
+    return path
+
+
+def run_json(cmd: list[str], threads: int, peer: str) -> dict[str, Any]:
+    """Run one benchmark process on `threads` threads, offline: its last stdout line (JSON), or its last error
+    line, labelled with `peer`."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if p.returncode != 0:
-        return {"peer": "rlhf-toy", "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        return {"peer": peer, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    return {"peer": peer, **json.loads(p.stdout.strip().splitlines()[-1])}
