@@ -17,6 +17,21 @@ WORDS = (
 ).split()
 
 
+def add_common_args(p):
+    """The flags both runners take: budget, reply length, the tiny GPT-2's size, threads, seed, logs."""
+    p.add_argument("--episodes", type=int, default=512, help="sampled replies in all")
+    p.add_argument("--batch-size", type=int, default=64, help="replies per rollout (generation) batch")
+    p.add_argument("--response-length", type=int, default=24)
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-embd", type=int, default=64)
+    p.add_argument("--n-head", type=int, default=2)
+    p.add_argument("--n-positions", type=int, default=64)
+    p.add_argument("--vocab-size", type=int, default=512, help="BPE target vocab size")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true", help="keep transformers/TRL logs")
+
+
 def configure(threads):
     """Offline, no trackers, `threads` torch/OMP/MKL threads (set before torch is imported)."""
     for k, v in {

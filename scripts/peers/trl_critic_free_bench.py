@@ -36,6 +36,7 @@ import argparse
 import sys
 
 from peer_common import (
+    add_common_args,
     build_tokenizer,
     configure,
     logger,
@@ -51,24 +52,14 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trainer", choices=["rloo", "grpo"], required=True)
     p.add_argument("--prompts-file", required=True, help="JSON list of prompt texts")
-    p.add_argument("--episodes", type=int, default=512, help="sampled completions in all")
-    p.add_argument("--batch-size", type=int, default=64, help="completions per generation batch")
+    add_common_args(p)
     p.add_argument("--group-size", type=int, default=4, help="completions per prompt (num_generations)")
     p.add_argument("--minibatch-size", type=int, default=16, help="completions per optimizer step")
     p.add_argument("--epochs", type=int, default=None, help="num_iterations (default: rloo 1, grpo 4)")
-    p.add_argument("--response-length", type=int, default=24)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--beta", type=float, default=0.05)
     p.add_argument("--learning-rate", type=float, default=2e-5)
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-embd", type=int, default=64)
-    p.add_argument("--n-head", type=int, default=2)
-    p.add_argument("--n-positions", type=int, default=64)
-    p.add_argument("--vocab-size", type=int, default=512)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-dir", default=None, help="a pretrained causal LM directory (model + tokenizer)")
-    p.add_argument("--verbose", action="store_true", help="keep transformers/TRL logs")
     a = p.parse_args()
     if a.epochs is None:
         a.epochs = 1 if a.trainer == "rloo" else 4
