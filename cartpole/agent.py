@@ -16,6 +16,42 @@ from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_torch_save
 
 
+def _tanh_values(x: Tensor) -> Tensor:
+    return torch.sigmoid(x * 2).mul_(2).sub_(1)
+
+
+class _Tanh(torch.autograd.Function):
+    """tanh forward as 2 sigmoid(2x) - 1, backward as tanh's own: grad * (1 - y^2)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        y = _tanh_values(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+def tanh(x: Tensor) -> Tensor:
+    """The agent's activation: tanh, computed as 2 sigmoid(2x) - 1 (absolute error under 2e-7).
+
+    Why: torch's CPU tanh is not vectorized like its sigmoid; on this machine (torch 2.13, AVX-512) tanh of a
+    population's `[32, 256, 64]` activations takes 1.1 ms and this 0.2 ms, and a population's update spends
+    most of its elementwise time here. Single runs and populations use this same function, so they compute
+    the same numbers."""
+    return _Tanh.apply(x) if x.requires_grad and torch.is_grad_enabled() else _tanh_values(x)
+
+
+class Tanh(nn.Module):
+    """`tanh` as a module, for the `nn.Sequential` stacks (same numbers as `run_mlp`)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return tanh(x)
+
+
 def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
     # Orthogonal weights with a per-layer gain and zero biases (PPO implementation detail 2).
     layer = nn.Linear(n_in, n_out)
@@ -27,8 +63,8 @@ def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
 def mlp(n_in: int, n_out: int, hidden: int, out_gain: float) -> nn.Sequential:
     """n_in -> hidden -> hidden -> n_out with tanh, hidden gains sqrt(2), output gain `out_gain`."""
     return nn.Sequential(
-        _layer(n_in, hidden, math.sqrt(2)), nn.Tanh(),
-        _layer(hidden, hidden, math.sqrt(2)), nn.Tanh(),
+        _layer(n_in, hidden, math.sqrt(2)), Tanh(),
+        _layer(hidden, hidden, math.sqrt(2)), Tanh(),
         _layer(hidden, n_out, out_gain),
     )
 
@@ -37,8 +73,8 @@ def run_mlp(layers: nn.Sequential, x: Tensor) -> Tensor:
     """`layers(x)` for a stack built by `mlp`, as plain function calls: the same numbers without nn.Module's
     per-call overhead (six modules a step, paid at every env step of a rollout)."""
     first, _, middle, _, last = layers
-    x = torch.tanh(F.linear(x, first.weight, first.bias))
-    x = torch.tanh(F.linear(x, middle.weight, middle.bias))
+    x = tanh(F.linear(x, first.weight, first.bias))
+    x = tanh(F.linear(x, middle.weight, middle.bias))
     return F.linear(x, last.weight, last.bias)
 
 

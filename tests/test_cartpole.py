@@ -149,3 +149,18 @@ def test_cli_bad_input_is_one_line_and_nonzero(args, match):
     p = run_cli(*args)
     assert p.returncode != 0
     assert match in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_agents_tanh_matches_torchs_in_value_and_gradient():
+    """`cartpole.agent.tanh` (2 sigmoid(2x) - 1, for speed) against float64 tanh: values within 2e-7, and its
+    backward is tanh's derivative at the computed value."""
+    from cartpole.agent import Tanh, tanh
+
+    x = torch.cat([torch.randn(10_000) * 3, torch.linspace(-1e-6, 1e-6, 101), torch.tensor([-40.0, 40.0, 0.0])])
+    x.requires_grad_(True)
+    y = tanh(x)
+    assert (y.double() - torch.tanh(x.double())).abs().max() < 2e-7
+    (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    torch.testing.assert_close(grad.double(), 1 - torch.tanh(x.detach().double()) ** 2, atol=5e-7, rtol=0)
+    with torch.no_grad():
+        assert torch.equal(tanh(x), y) and torch.equal(Tanh()(x), y)

@@ -132,3 +132,14 @@ def test_core_tests_do_not_import_the_cartpole_client():
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(UserError, match=f"^{field} must be"):
         PPOConfig(**{field: value})
+
+
+def test_seed_everything_keeps_freed_memory_on_glibc():
+    """The allocator setting is applied where glibc is the C library, and is a no-op elsewhere."""
+    import platform
+
+    from rlhf_toy.runtime import keep_freed_memory
+    from rlhf_toy.seeding import seed_everything
+
+    seed_everything(0)
+    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
