@@ -35,14 +35,39 @@ class _Tanh(torch.autograd.Function):
         return torch.ops.aten.tanh_backward(grad, y)
 
 
+SMALL = 4096  # elements: below this, per-call overhead dominates and torch.tanh (one op) is the faster
+
+
 def tanh(x: Tensor) -> Tensor:
-    """The agent's activation: tanh, computed as 2 sigmoid(2x) - 1 (absolute error under 2e-7).
+    """The agent's activation: tanh; on tensors of more than `SMALL` elements computed as 2 sigmoid(2x) - 1
+    (within 2e-7 of it).
 
     Why: torch's CPU tanh is not vectorized like its sigmoid; on this machine (torch 2.13, AVX-512) tanh of a
     population's `[32, 256, 64]` activations takes 1.1 ms and this 0.2 ms, and a population's update spends
-    most of its elementwise time here. Single runs and populations use this same function, so they compute
-    the same numbers."""
+    most of its elementwise time here. On a few rows (one env step's forward pass) one torch.tanh call is
+    quicker than the three ops. The choice depends on the size only, so a population of one and a single run
+    take the same path."""
+    if x.numel() <= SMALL:
+        return torch.tanh(x)
     return _Tanh.apply(x) if x.requires_grad and torch.is_grad_enabled() else _tanh_values(x)
+
+
+def inverse_cdf_sample(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """A categorical sample per row from one uniform number in [0, 1) each: `probs [..., A]`, `uniforms [...]`
+    -> actions `[...]` (the number of cumulative probabilities below u). The uniforms are drawn ahead, a whole
+    rollout at a time, so that sampling costs one tensor op a step for one agent or a population alike, where
+    `torch.multinomial` took a call per generator."""
+    return (uniforms.unsqueeze(-1) >= probs.cumsum(-1)[..., :-1]).sum(-1)
+
+
+def draw_uniforms(generator: torch.Generator | list[torch.Generator], n_steps: int, num_envs: int) -> Tensor:
+    """The uniform numbers `[n_steps, num_envs]` that a rollout samples its actions with. A list of generators is a
+    population's: agent k draws the numbers of its own sub-envs (columns k*E ... (k+1)*E - 1, E = num_envs / N)
+    exactly as a single run with that generator and E envs would."""
+    if isinstance(generator, torch.Generator):
+        return torch.rand((n_steps, num_envs), generator=generator)
+    per_agent = num_envs // len(generator)
+    return torch.cat([torch.rand((n_steps, per_agent), generator=g) for g in generator], dim=1)
 
 
 class Tanh(nn.Module):
@@ -92,7 +117,7 @@ class MLPActorCritic(nn.Module):
         self.critic = mlp(obs_dim, 1, hidden, out_gain=1.0)
 
     def value(self, obs: Tensor) -> Tensor:
-        """V(s): `[B, obs_dim] -> [B]`."""
+        """V(s): `[..., obs_dim] -> [...]`."""
         return run_mlp(self.critic, obs).squeeze(-1)
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -103,18 +128,13 @@ class MLPActorCritic(nn.Module):
         return logprobs, entropy, self.value(obs)
 
     @torch.no_grad()
-    def act(self, obs: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample actions for a batch of observations: `[B, obs_dim] -> (actions [B], logprobs [B], values [B])`."""
+    def act(self, obs: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample actions for a batch of observations, one uniform number each (`draw_uniforms`):
+        `obs [B, obs_dim]`, `uniforms [B]` -> `(actions [B], logprobs [B])`. The critic is not run here: a
+        rollout asks `value` for all its observations at once."""
         log_pi = torch.log_softmax(run_mlp(self.actor, obs), dim=-1)
-        actions = torch.multinomial(log_pi.exp(), 1, generator=generator).squeeze(-1)
-        return actions, log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1), self.value(obs)
-
-    @torch.no_grad()
-    def sample(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Actions `[B]` for observations `[B, obs_dim]`, drawn as `act` draws them (the same generator use), without
-        the critic's forward pass: for REINFORCE, which needs no value while it plays."""
-        probs = torch.log_softmax(run_mlp(self.actor, obs), dim=-1).exp()  # exactly `act`'s probabilities
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        actions = inverse_cdf_sample(log_pi.exp(), uniforms)
+        return actions, log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
     @torch.no_grad()
     def predict(self, obs: np.ndarray | Tensor, deterministic: bool = True,

@@ -5,10 +5,11 @@
 - break_clip: PPO with the lesson's deliberately large updates (10x lr, 30 epochs, 25 x 2048 steps), clip 0.2
   against no clip.
 
-Every run uses the PPO core: REINFORCE its `discounted_returns` and `policy_gradient_loss` (one process per
-seed), PPO its `gae` and the per-agent population update (`rlhf_toy.population`), all seeds of a variant as one
-population (`cartpole.population`). Each experiment writes a markdown table, a CSV and a PNG of the
-learning curves (mean across seeds, with a +/- 1 std band).
+Every run uses the PPO core: REINFORCE its `discounted_returns` and `policy_gradient_loss`, PPO its `gae` and
+the per-agent population update (`rlhf_toy.population`). All seeds of a variant train as one population
+(`cartpole.reinforce`, `cartpole.population`), and an experiment's two variants run on two workers. Each
+experiment writes a markdown table, a CSV and a PNG of the learning curves (mean across seeds, with a +/- 1 std
+band).
 """
 
 from __future__ import annotations
@@ -103,13 +104,14 @@ class Run:
 
 
 def run_reinforce(variant: str, seeds: list[int], episodes: int, baseline: bool) -> list[Run]:
-    """REINFORCE runs one seed at a time (an update per finished episode does not batch across seeds)."""
+    """Every seed's REINFORCE run at once, as one population (`cartpole.reinforce`). Each run's `wall_s` is the
+    population's wall time divided by the number of seeds."""
     import torch
 
-    from .reinforce import ReinforceConfig, train_reinforce
+    from .reinforce import ReinforceConfig, train_reinforce_population
 
     torch.set_num_threads(1)
-    logs = [train_reinforce(ReinforceConfig(episodes=episodes, baseline=baseline, seed=seed)) for seed in seeds]
+    logs = train_reinforce_population(ReinforceConfig(episodes=episodes, baseline=baseline), seeds)
     return [Run(variant, seed, log.returns, log.env_steps, log.wall_s) for seed, log in zip(seeds, logs)]
 
 
@@ -132,14 +134,13 @@ def run_ppo(variant: str, seeds: list[int], iterations: int, ppo: PPOConfig) -> 
 
 
 def experiment_jobs(name: str, seeds: int, tiny: bool) -> list[tuple[Any, tuple[Any, ...]]]:
-    """The (function, args) of every job of an experiment; each job returns a list of runs. PPO variants are one
-    population job each (all seeds at once); REINFORCE is one job per seed, so that workers share the load."""
+    """The (function, args) of every job of an experiment; each job returns a list of runs. Every variant is one
+    population job (all seeds at once); the two variants of an experiment run side by side on two workers."""
     episodes = 10 if tiny else 500
     ppo_iters, break_iters = (2, 2) if tiny else (40, 25)
     all_seeds = list(range(seeds))
     ppo = lambda variant, iters, cfg: [(run_ppo, (variant, all_seeds, iters, cfg))]  # noqa: E731
-    reinforce = lambda variant, baseline: [(run_reinforce, (variant, [s], episodes, baseline))  # noqa: E731
-                                           for s in all_seeds]
+    reinforce = lambda variant, baseline: [(run_reinforce, (variant, all_seeds, episodes, baseline))]  # noqa: E731
     return {
         "build": ppo("PPO", ppo_iters, LESSON_PPO) + reinforce("REINFORCE + baseline", True),
         "break_baseline": reinforce("REINFORCE + baseline", True) + reinforce("REINFORCE, no baseline", False),

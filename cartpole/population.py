@@ -32,7 +32,7 @@ from rlhf_toy.population import population_ppo_update
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer
 from rlhf_toy.seeding import seed_everything
 
-from .agent import MLPActorCritic, save_agent, tanh
+from .agent import MLPActorCritic, inverse_cdf_sample, save_agent, tanh
 from .envs import make_vec_env, reward_threshold
 from .evaluate import play_first_episodes
 from .rollout import RolloutCollector
@@ -50,10 +50,13 @@ class StackedMLP(nn.Module):
         self.biases = nn.ParameterList(
             [nn.Parameter(torch.stack([ls[i].bias.detach() for ls in linears]).unsqueeze(1))
              for i in range(len(linears[0]))])
+        # The same Parameter objects as a plain tuple: indexing a ParameterList costs ~3 us a time, and a
+        # population's rollout runs this forward pass at every env step.
+        self._layers = tuple(zip(self.weights, self.biases))
 
     def forward(self, x: Tensor) -> Tensor:
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+        last = len(self._layers) - 1
+        for i, (w, b) in enumerate(self._layers):
             # x @ W^T + b as nn.Linear computes it, agent by agent (baddbmm with a transposed weight ran 3x
             # slower than bmm + add with 2 threads here).
             x = torch.bmm(x, w.transpose(1, 2)).add_(b)
@@ -63,8 +66,8 @@ class StackedMLP(nn.Module):
 
 
 class PopulationMLPActorCritic(nn.Module):
-    """N `MLPActorCritic`s as one module. `evaluate` takes `[N, b, ...]`; `act`/`value` take the flat
-    `[N * E, obs_dim]` observations of one vector env whose sub-envs are grouped by agent."""
+    """N `MLPActorCritic`s as one module. `evaluate` takes `[N, b, ...]`; `act`/`value` take the (time-major)
+    `[..., N * E, obs_dim]` observations of one vector env whose sub-envs are grouped by agent."""
 
     def __init__(self, agents: list[MLPActorCritic]) -> None:
         super().__init__()
@@ -84,17 +87,21 @@ class PopulationMLPActorCritic(nn.Module):
         return logprobs, entropy, self.critic(obs).squeeze(-1)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.critic(self._by_agent(obs)).reshape(-1)
+        """V(s) for time-major observations of the population's vector env: `[..., N * E, obs_dim] -> [..., N * E]`."""
+        lead, d = obs.shape[:-1], obs.shape[-1]
+        x = obs.reshape(-1, self.n, lead[-1] // self.n, d)  # [T, N, E, d]
+        T, E = x.shape[0], x.shape[2]
+        v = self.critic(x.transpose(0, 1).reshape(self.n, T * E, d))  # [N, T * E, 1]
+        return v.reshape(self.n, T, E).transpose(0, 1).reshape(lead)
 
     @torch.no_grad()
-    def act(self, obs: Tensor, generators: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor]:
-        """Each agent samples for its own sub-envs with its own generator: flat `[N * E]` outputs."""
+    def act(self, obs: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """`MLPActorCritic.act` for every agent at once: flat `[N * E, obs_dim]` observations and `[N * E]` uniforms
+        (agent k's own, `draw_uniforms`) -> flat `(actions [N * E], logprobs [N * E])`."""
         log_pi = torch.log_softmax(self.actor(self._by_agent(obs)), dim=-1)
-        probs = log_pi.exp()
-        actions = torch.stack([torch.multinomial(probs[k], 1, generator=g).squeeze(-1)
-                               for k, g in enumerate(generators)])
+        actions = inverse_cdf_sample(log_pi.exp(), uniforms.reshape(self.n, -1))
         logprobs = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        return actions.reshape(-1), logprobs.reshape(-1), self.value(obs)
+        return actions.reshape(-1), logprobs.reshape(-1)
 
     @torch.no_grad()
     def predict(self, obs: np.ndarray) -> np.ndarray:

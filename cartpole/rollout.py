@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .agent import MLPActorCritic
+from .agent import MLPActorCritic, draw_uniforms
 from .envs import AutoresetMode
 
 
@@ -65,19 +65,23 @@ class RolloutCollector:
         self.env_steps = 0
 
     @torch.no_grad()
-    def collect(self, agent: MLPActorCritic, n_steps: int, generator: torch.Generator) -> Rollout:
+    def collect(self, agent: MLPActorCritic, n_steps: int,
+                generator: torch.Generator | list[torch.Generator]) -> Rollout:
+        """Step the envs `n_steps` times with `agent.act`; then the critic values every observation at once (one
+        forward pass instead of one a step). A population passes one generator per agent."""
         T, N = n_steps, self.num_envs
+        uniforms = draw_uniforms(generator, T, N)
         obs_buf = torch.empty((T, N, self.obs.shape[-1]))
         act_buf = torch.empty((T, N), dtype=torch.long)
-        logp_buf, val_buf = torch.empty((T, N)), torch.empty((T, N))
+        logp_buf = torch.empty((T, N))
         rew = np.zeros((T, N), dtype=np.float32)
         term, trunc, mask = np.zeros((T, N), bool), np.zeros((T, N), bool), np.ones((T, N), bool)
         final_obs: list[tuple[int, int, np.ndarray]] = []  # SAME_STEP: (t, env, final obs) of truncations
         episodes: list[Episode] = []
 
         for t in range(T):
-            actions, logprobs, values = agent.act(self.obs, generator)
-            obs_buf[t], act_buf[t], logp_buf[t], val_buf[t] = self.obs, actions, logprobs, values
+            actions, logprobs = agent.act(self.obs, uniforms[t])
+            obs_buf[t], act_buf[t], logp_buf[t] = self.obs, actions, logprobs
             next_obs, reward, terminated, truncated, info = self.envs.step(actions.numpy())
             self.env_steps += N
             real = ~self.reset_next
@@ -98,9 +102,8 @@ class RolloutCollector:
                 self.reset_next = done
             self.obs = torch.as_tensor(next_obs, dtype=torch.float32)
 
-        next_values = torch.empty((T, N))
-        next_values[:-1] = val_buf[1:]
-        next_values[-1] = agent.value(self.obs)
+        all_values = agent.value(torch.cat([obs_buf, self.obs.unsqueeze(0)]))  # [T + 1, N]
+        val_buf, next_values = all_values[:-1], all_values[1:].clone()
         if final_obs:  # SAME_STEP: the value after a truncation is that of the final, not the reset, obs
             ts, envs, obs = zip(*final_obs)
             next_values[list(ts), list(envs)] = agent.value(torch.as_tensor(np.stack(obs), dtype=torch.float32))

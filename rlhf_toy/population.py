@@ -88,8 +88,9 @@ def population_ppo_update(
         # Each agent draws its own order; an agent that stopped draws nothing, as its single run would not.
         perms = torch.stack([torch.randperm(n, generator=g) if a else torch.arange(n)
                              for g, a in zip(generators, active.tolist())])
-        for idx in perms.split(cfg.minibatch_size, dim=1):
-            mb = per_agent(batch, idx)
+        shuffled = per_agent(batch, perms)  # one gather an epoch; each minibatch is then a view
+        for start in range(0, n, cfg.minibatch_size):
+            mb = RolloutBatch(*(x[:, start:start + cfg.minibatch_size] for x in shuffled[:7]))
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
             losses, parts = loss_fn(logprobs, entropy, values, tuple(mb)[:7])
             if cfg.target_kl is not None:

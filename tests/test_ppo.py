@@ -143,3 +143,14 @@ def test_seed_everything_keeps_freed_memory_on_glibc():
 
     seed_everything(0)
     assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_the_run_generator_does_not_replay_the_global_stream():
+    """`torch.manual_seed(s)` and `Generator().manual_seed(s)` give the same numbers; the run's generator must not,
+    or the numbers that initialize a network would also sample its actions."""
+    from rlhf_toy.seeding import seed_everything
+
+    g = seed_everything(3)
+    global_draws = torch.rand(16)
+    assert not torch.equal(torch.rand(16, generator=g), global_draws)
+    assert torch.equal(torch.rand(4, generator=seed_everything(3)), torch.rand(4, generator=seed_everything(3)))
