@@ -127,16 +127,20 @@ def compare(seeds: list[int], peers: list[str], threads: int, total_steps: int) 
     return report
 
 
-def population_curve(sizes: list[int], threads: int, total_steps: int) -> dict[str, Any]:
-    """Wall time against population size, beside one single run (`cartpole train`) measured in the same session."""
+def population_curve(sizes: list[int], threads: int, total_steps: int,
+                     population_threads: int | None = None) -> dict[str, Any]:
+    """Wall time against population size, beside one single run (`cartpole train`) measured in the same session.
+    The single run uses `threads`, the populations `population_threads` (default: the same)."""
+    pop_threads = population_threads or threads
     single = run_in_subprocess("rlhf-toy", 0, threads, total_steps)
     print(json.dumps(single), flush=True)
     rows = []
     for n in sizes:
-        r = run_in_subprocess("population", n, threads, total_steps)
+        r = run_in_subprocess("population", n, pop_threads, total_steps)
         print(json.dumps(r), flush=True)
         rows.append(r)
     base = single.get("wall_s")
-    return {"threads": threads, "total_steps_per_seed": total_steps, "single_run_wall_s": base,
+    return {"threads": threads, "population_threads": pop_threads, "total_steps_per_seed": total_steps,
+            "single_run_wall_s": base,
             "populations": [{**r, "ratio_to_single_run": r["wall_s"] / base if base and "wall_s" in r else None}
                             for r in rows]}

@@ -3,6 +3,7 @@
 single run, each in a fresh process, in one session:
 
     python scripts/bench_population.py --sizes 1 4 16 32 128 --threads 1
+    python scripts/bench_population.py --sizes 32 --threads 1 --population-threads 2   # each at its fastest
 """
 
 import argparse
@@ -14,6 +15,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 32, 128])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--population-threads", type=int, default=None,
+                   help="torch threads of the populations (default: --threads); the single run keeps --threads")
     p.add_argument("--total-steps", type=int, default=100_000)
     a = p.parse_args()
-    print(json.dumps(population_curve(a.sizes, a.threads, a.total_steps), indent=2))
+    print(json.dumps(population_curve(a.sizes, a.threads, a.total_steps, a.population_threads), indent=2))
