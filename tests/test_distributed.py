@@ -35,6 +35,13 @@ def join(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def leave() -> None:
+    """Both ranks reach this point before either tears gloo down: a rank that destroyed the group while its peer
+    was still writing once aborted the peer in CI ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 class TinyActorCritic(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -69,7 +76,7 @@ def _grad_worker(rank: int, world: int, port: int, out: str) -> None:
     loss_of(ddp, mine).backward()
     if rank == 0:
         torch.save({k: p.grad for k, p in model.named_parameters()}, out)
-    dist.destroy_process_group()
+    leave()
 
 
 def test_ddp_gradient_of_2_x_b_equals_one_process_gradient_of_2b(tmp_path):
@@ -98,7 +105,7 @@ def _ppo_worker(rank: int, world: int, port: int, run_dir: str, out: str) -> Non
         weights = sum(float(p.double().sum()) for p in trainer.policy.parameters())
         rows.append({"averaged": averaged, "local": trainer.last_local_metrics, "weights": weights})
     Path(f"{out}.{rank}").write_text(json.dumps(rows))
-    dist.destroy_process_group()
+    leave()
 
 
 def test_two_ranks_stay_identical_and_log_the_average(run_dir, tmp_path):
