@@ -128,19 +128,27 @@ def compare(seeds: list[int], peers: list[str], threads: int, total_steps: int) 
 
 
 def population_curve(sizes: list[int], threads: int, total_steps: int,
-                     population_threads: int | None = None) -> dict[str, Any]:
-    """Wall time against population size, beside one single run (`cartpole train`) measured in the same session.
-    The single run uses `threads`, the populations `population_threads` (default: the same)."""
+                     population_threads: int | None = None, repeats: int = 1) -> dict[str, Any]:
+    """Wall time against population size, beside one single run (`cartpole train`, seed 0) measured in the same
+    session: `repeats` rounds of [single run, each size], each run in a fresh process, so that machine drift hits
+    every size alike; the report gives medians and the ratio of medians. The single run uses `threads`, the
+    populations `population_threads` (default: the same)."""
     pop_threads = population_threads or threads
-    single = run_in_subprocess("rlhf-toy", 0, threads, total_steps)
-    print(json.dumps(single), flush=True)
-    rows = []
+    singles: list[dict[str, Any]] = []
+    rows: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        singles.append(run_in_subprocess("rlhf-toy", 0, threads, total_steps))
+        print(json.dumps(singles[-1]), flush=True)
+        for n in sizes:
+            rows[n].append(run_in_subprocess("population", n, pop_threads, total_steps))
+            print(json.dumps(rows[n][-1]), flush=True)
+    base = median_or_none([r.get("wall_s") for r in singles])
+    populations = []
     for n in sizes:
-        r = run_in_subprocess("population", n, pop_threads, total_steps)
-        print(json.dumps(r), flush=True)
-        rows.append(r)
-    base = single.get("wall_s")
+        wall = median_or_none([r.get("wall_s") for r in rows[n]])
+        populations.append({"seeds": n, "median_wall_s": wall, "walls_s": [r.get("wall_s") for r in rows[n]],
+                            "fraction_solved": [r.get("fraction_solved") for r in rows[n]],
+                            "ratio_to_single_run": wall / base if wall and base else None})
     return {"threads": threads, "population_threads": pop_threads, "total_steps_per_seed": total_steps,
-            "single_run_wall_s": base,
-            "populations": [{**r, "ratio_to_single_run": r["wall_s"] / base if base and "wall_s" in r else None}
-                            for r in rows]}
+            "repeats": repeats, "single_run_median_wall_s": base,
+            "single_run_walls_s": [r.get("wall_s") for r in singles], "populations": populations}

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Wall time of CartPole populations (N agents as one batched network, 100k env steps each) against one
-single run, each in a fresh process, in one session:
+single run, each in a fresh process, alternated in one session (medians over --repeats rounds):
 
     python scripts/bench_population.py --sizes 1 4 16 32 128 --threads 1
-    python scripts/bench_population.py --sizes 32 --threads 1 --population-threads 2   # each at its fastest
+    python scripts/bench_population.py --sizes 32 --threads 1 --population-threads 2 --repeats 3   # each at its fastest
 """
 
 import argparse
@@ -18,5 +18,6 @@ if __name__ == "__main__":
     p.add_argument("--population-threads", type=int, default=None,
                    help="torch threads of the populations (default: --threads); the single run keeps --threads")
     p.add_argument("--total-steps", type=int, default=100_000)
+    p.add_argument("--repeats", type=int, default=1, help="rounds of [single run, each size]; medians are reported")
     a = p.parse_args()
-    print(json.dumps(population_curve(a.sizes, a.threads, a.total_steps, a.population_threads), indent=2))
+    print(json.dumps(population_curve(a.sizes, a.threads, a.total_steps, a.population_threads, a.repeats), indent=2))

@@ -170,3 +170,15 @@ def test_vector_evaluation_equals_one_episode_at_a_time():
             total, done = total + r, term or trunc
         alone.append(total)
     assert batched == alone and len(set(alone)) > 1
+
+
+def test_population_benchmark_alternates_and_reports_medians():
+    """`scripts/bench_population.py`'s report on a tiny budget: a single run and each size, alternated per round,
+    medians and their ratio."""
+    from cartpole.bench import population_curve
+
+    r = population_curve([2], threads=1, total_steps=1024, repeats=2)
+    assert len(r["single_run_walls_s"]) == 2 and r["single_run_median_wall_s"] > 0
+    [row] = r["populations"]
+    assert row["seeds"] == 2 and len(row["walls_s"]) == 2 and all(w > 0 for w in row["walls_s"])
+    assert row["ratio_to_single_run"] == pytest.approx(row["median_wall_s"] / r["single_run_median_wall_s"])
