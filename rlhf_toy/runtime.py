@@ -20,7 +20,7 @@ def keep_freed_memory() -> bool:
     top is free, so a training loop that allocates and frees the same few megabytes on every step page-faults
     them in again each time: here a 2 MiB elementwise op took 1.6 ms instead of 0.16 ms. Keeping up to 1 GiB of
     freed memory is what the `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` variables or jemalloc would do.
-    Peak memory is unchanged; memory freed late in a run returns to the OS at exit. A no-op (False) off glibc.
+    The cost: a process may hold up to 1 GiB more than it uses until it exits. A no-op (False) off glibc.
     """
     if platform.libc_ver()[0] != "glibc":
         return False
