@@ -1,10 +1,10 @@
 """A population of CartPole agents trained as one batched network: `cartpole train --seeds 0-31`.
 
 Agent k starts from exactly the network a single run with seed k builds, samples its actions and shuffles its
-minibatches with its own generator seeded k, and is updated by the core's population update (its own
-advantage normalization, gradient clip and KL early stop). Its layers run as batched matmuls over the stacked
-weights (`torch.bmm`), whose forward pass gives the same numbers as `nn.Linear` on one agent (the first
-layer's weight gradient rounds differently, by about 1e-10).
+minibatches with its own generator (the one `seed_everything(k)` returns), and is updated by the core's
+population update (its own advantage normalization, gradient clip and KL early stop). Its layers run as batched
+matmuls over the stacked weights (`torch.bmm`), whose forward pass gives the same numbers as `nn.Linear` on one
+agent (the first layer's weight gradient rounds differently, by about 1e-10).
 
 What differs from N single runs: the N x num_envs environments are one gymnasium vector env (one call steps
 them all, the reason a population is fast), and CartPole's native vector env draws every sub-env's start and
