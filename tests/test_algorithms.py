@@ -96,6 +96,36 @@ def test_each_online_method_raises_a_rule_reward(llama, algorithm):
     assert all(math.isfinite(r["objective/kl"]) for r in rows)
 
 
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo"])
+def test_critic_free_rollouts_take_log_probs_from_the_sampler(llama, algorithm):
+    """Without a critic, a rollout's log-probs come from `generate`'s logits instead of a second forward pass: the
+    same experience (draws, KL, advantages) as with the forward pass, to float rounding; with a value loss that
+    counts (vf_coef > 0) the forward pass and the value head run as before."""
+    from rlhf_toy.lm.algorithms import rlhf as rlhf_module
+    from rlhf_toy.lm.algorithms.online import needs_values
+
+    preset, k = PRESETS[algorithm]
+    assert not needs_values(algorithm, preset) and needs_values(algorithm, replace(preset, vf_coef=0.5))
+    assert needs_values("ppo", LM_PPO) and needs_values("reinforce_baseline", LM_REINFORCE_BASELINE)
+    model, tok = load_base(llama)
+    trainer = RLHFTrainer(model, lambda p, t: [float(len(x)) for x in t], tok,
+                          RLHFConfig(batch_size=8, group_size=k, max_new_tokens=8), replace(preset, minibatch_size=8),
+                          PROMPTS, seed=0, algorithm=algorithm)
+    prompts = trainer.next_prompts()
+    runs = {}
+    for name, critic in (("sampler", False), ("forward", True)):
+        torch.manual_seed(1)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(rlhf_module, "needs_values", lambda a, p, c=critic: c)
+            runs[name] = rlhf_module.make_experience(trainer.policy, trainer.ref_model, trainer.reward_model, tok,
+                                                     prompts, 0.1, trainer.cfg, trainer.ppo, algorithm)
+    a, b = runs["sampler"].batch, runs["forward"].batch
+    assert torch.equal(a.actions, b.actions)
+    m = a.mask.bool()
+    for x, y in ((a.logprobs, b.logprobs), (a.advantages, b.advantages), (runs["sampler"].kl, runs["forward"].kl)):
+        torch.testing.assert_close(x[m], y[m], atol=1e-4, rtol=1e-4)
+
+
 def test_groups_are_whole_prompts_repeated(llama):
     model, tok = load_base(llama)
     trainer = RLHFTrainer(model, lambda p, t: [0.0] * len(t), tok, RLHFConfig(batch_size=8, group_size=4),

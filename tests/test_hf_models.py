@@ -50,6 +50,25 @@ def test_left_padding_gives_the_log_probs_of_unpadded_sequences(bases, arch):
         torch.testing.assert_close(batched[i], alone[0], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampled_log_probs_equal_a_forward_pass(bases, arch):
+    """The log-probs and entropies `sample(with_logprobs=True)` takes from `generate`'s logits (left-padded prompts,
+    KV cache, replies of unequal length) equal a forward pass over the whole sequences, on every real token."""
+    from rlhf_toy.lm.models.sampling import sample
+
+    model, tok = load_base(bases[arch])
+    torch.manual_seed(0)
+    s = sample(model, tok, PROMPTS[:6], max_new_tokens=12, temperature=0.7, with_logprobs=True)
+    lp, ent = response_logprobs(model, s.prompt_ids, s.prompt_mask, s.response_ids, 0.7)
+    real = s.response_mask.bool()
+    assert real.sum() > 20
+    torch.testing.assert_close(s.logprobs[real], lp[real], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(s.entropy[real], ent[real], atol=2e-5, rtol=1e-4)
+    torch.manual_seed(0)
+    plain = sample(model, tok, PROMPTS[:6], max_new_tokens=12, temperature=0.7)
+    assert torch.equal(plain.response_ids, s.response_ids) and plain.logprobs is None  # the same draws
+
+
 def test_chat_template_prompt_and_eos_ended_reply(bases):
     _, tok = load_base(bases["llama"])
     assert tok.pad_token_id == tok.eos_token_id  # no PAD of its own: filled with EOS, masks come from lengths

@@ -28,6 +28,14 @@ from rlhf_toy.ppo import PPOConfig
 ALGORITHMS = ("ppo", "reinforce", "reinforce_baseline", "rloo", "grpo")
 GROUPED = ("rloo", "grpo")  # k samples per prompt
 GROUP_SIZE = 4  # their default k (`--group_size`)
+CRITIC_FREE = ("reinforce", "rloo", "grpo")  # their advantages do not read the value head
+
+
+def needs_values(algorithm: str, ppo: PPOConfig) -> bool:
+    """Whether a rollout must run the value head: for a critic's advantages, or for a value loss that counts."""
+    return algorithm not in CRITIC_FREE or ppo.vf_coef > 0
+
+
 POLICY_LOSS = {"ppo": "clipped", "reinforce": "pg", "reinforce_baseline": "pg", "rloo": "pg", "grpo": "clipped"}
 
 LM_REINFORCE = PPOConfig(

@@ -38,6 +38,7 @@ from .online import (
     POLICY_LOSS,
     advantages_and_returns,
     check_algorithm,
+    needs_values,
 )
 
 # The PPO preset for language models, one complete PPOConfig (TRL-like). Comments mark what differs from
@@ -150,12 +151,18 @@ def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, p
                     cfg: RLHFConfig, ppo: PPOConfig, algorithm: str = "ppo") -> Experience:
     """One batch of rollouts, on the policy's device. `ref_model=None`: the LoRA policy with adapters off.
     `algorithm` (see `online.py`) decides how rewards become advantages; groups are consecutive prompts."""
-    # 1. Sample from the current policy (torch's global RNG).
-    s = sample(policy.lm, tok, prompts, cfg.max_new_tokens, cfg.temperature, stop_at_eos=cfg.stop_at_eos)
+    # 1. Sample from the current policy (torch's global RNG). Without a critic, the sampler's own logits give the
+    #    policy's log-probs, and the forward pass of step 2 is saved.
+    critic = needs_values(algorithm, ppo)
+    s = sample(policy.lm, tok, prompts, cfg.max_new_tokens, cfg.temperature, stop_at_eos=cfg.stop_at_eos,
+               with_logprobs=not critic)
     obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
     with torch.no_grad():
         # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
-        logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
+        if critic:
+            logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
+        else:
+            logprobs, entropy, values = s.logprobs, s.entropy, torch.zeros_like(mask)
         ref_logprobs = reference_logprobs(policy, ref_model, s, cfg.temperature)
         # 3. Scores from the reward model (EOS-terminated input) or a rule on the text.
         scores = score_responses(reward_model, tok, s).to(mask.device)

@@ -27,6 +27,8 @@ class Samples:
     response_mask: Tensor
     eos: Tensor
     texts: list[str]
+    logprobs: Tensor | None = None  # [B, R] the sampled tokens' log-probs at the temperature (`with_logprobs`)
+    entropy: Tensor | None = None  # [B, R] the entropy of each step's distribution at the temperature
 
 
 def response_mask_after_eos(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
@@ -36,13 +38,28 @@ def response_mask_after_eos(response_ids: Tensor, eos_id: int) -> tuple[Tensor, 
     return (~seen_before).long(), is_eos.any(1)
 
 
+def step_logprobs(logits: tuple[Tensor, ...], tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """`generate`'s raw logits (one `[B, V]` a step) and the tokens it drew `[B, R]` -> their log-probs and each
+    step's entropy at `temperature`, `[B, R]` each: what `causal_lm.response_logprobs` computes in a forward pass
+    over the whole sequence (a step at a time here, so that no `[B, R, V]` tensor is held)."""
+    logprobs, entropy = [], []
+    for t, step in enumerate(logits):
+        log_pi = torch.log_softmax(step.float() / temperature, -1)
+        logprobs.append(log_pi.gather(-1, tokens[:, t: t + 1]).squeeze(-1))
+        entropy.append(-(log_pi.exp() * log_pi).sum(-1))
+    return torch.stack(logprobs, 1), torch.stack(entropy, 1)
+
+
 @torch.no_grad()
 def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
-           batch_size: int = 256, stop_at_eos: bool = True) -> Samples:
+           batch_size: int = 256, stop_at_eos: bool = True, with_logprobs: bool = False) -> Samples:
     """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats.
 
     `stop_at_eos=False` generates exactly `max_new_tokens` tokens and counts them all as real (throughput
-    benchmarks), without changing the sampling distribution.
+    benchmarks), without changing the sampling distribution. `with_logprobs` also returns the sampled tokens'
+    log-probs and the entropies at `temperature`, from the logits `generate` computed anyway (the raw logits:
+    the model's distribution, as a forward pass gives it), which saves a forward pass where nothing else needs
+    one (the critic-free RLHF methods). They agree with a forward pass to float rounding (a test checks).
     """
     chunks = []
     device = model_device(model)
@@ -56,8 +73,12 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
             ids, mask = ids.to(device), mask.to(device)
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
                                  top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id if stop_at_eos else None)
-            chunks.append((ids, mask, out[:, ids.shape[1]:]))
+                                 eos_token_id=tok.eos_token_id if stop_at_eos else None,
+                                 return_dict_in_generate=with_logprobs, output_logits=with_logprobs)
+            sequences = out.sequences if with_logprobs else out
+            response = sequences[:, ids.shape[1]:]
+            steps = step_logprobs(out.logits, response, temperature) if with_logprobs else (None, None)
+            chunks.append((ids, mask, response, *steps))
     finally:
         model.generation_config.eos_token_id = saved_eos
     P = max(c[0].shape[1] for c in chunks)
@@ -72,7 +93,12 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
         response_mask, eos = torch.ones_like(response_ids), (response_ids == tok.eos_token_id).any(1)
     response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad))
     texts = decode_responses(tok, response_ids, response_mask)
-    return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts)
+    logprobs = entropy = None
+    if with_logprobs:
+        logprobs = torch.cat([widen(c[3], R, 0, "right") for c in chunks]) * response_mask
+        entropy = torch.cat([widen(c[4], R, 0, "right") for c in chunks]) * response_mask
+    return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts, logprobs,
+                   entropy)
 
 
 def decode_responses(tok, response_ids: Tensor, response_mask: Tensor) -> list[str]:
