@@ -54,6 +54,13 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """Logits `[..., V]` divided by `temperature` -> the log-probs of `tokens [...]` and the entropies, `[...]` each
+    (in float32 whatever the logits' dtype)."""
+    log_pi = F.log_softmax(logits.float() / temperature, -1)
+    return log_pi.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(log_pi.exp() * log_pi).sum(-1)
+
+
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
                       temperature: float = 1.0, return_hidden: bool = False):
     """Log-probs of the response tokens under `model`, logits divided by `temperature`.
@@ -68,10 +75,8 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
                 output_hidden_states=return_hidden)
     P, R = prompt_ids.shape[1], response_ids.shape[1]
-    logits = out.logits[:, P - 1: P + R - 1].float() / temperature  # position t predicts token t + 1
-    log_pi = F.log_softmax(logits, -1)
-    logprobs = log_pi.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_pi.exp() * log_pi).sum(-1)
+    # position t predicts token t + 1
+    logprobs, entropy = token_logprobs(out.logits[:, P - 1: P + R - 1], response_ids, temperature)
     if return_hidden:
         return logprobs, entropy, out.hidden_states[-1][:, P - 1: P + R - 1]
     return logprobs, entropy

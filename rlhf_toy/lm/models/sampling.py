@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .causal_lm import token_logprobs
 from .chat import encode_prompts, pad_sequences, widen
 from .hf import model_device
 
@@ -42,11 +43,7 @@ def step_logprobs(logits: tuple[Tensor, ...], tokens: Tensor, temperature: float
     """`generate`'s raw logits (one `[B, V]` a step) and the tokens it drew `[B, R]` -> their log-probs and each
     step's entropy at `temperature`, `[B, R]` each: what `causal_lm.response_logprobs` computes in a forward pass
     over the whole sequence (a step at a time here, so that no `[B, R, V]` tensor is held)."""
-    logprobs, entropy = [], []
-    for t, step in enumerate(logits):
-        log_pi = torch.log_softmax(step.float() / temperature, -1)
-        logprobs.append(log_pi.gather(-1, tokens[:, t: t + 1]).squeeze(-1))
-        entropy.append(-(log_pi.exp() * log_pi).sum(-1))
+    logprobs, entropy = zip(*(token_logprobs(step, tokens[:, t], temperature) for t, step in enumerate(logits)))
     return torch.stack(logprobs, 1), torch.stack(entropy, 1)
 
 
