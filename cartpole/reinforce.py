@@ -168,9 +168,7 @@ def gradient_variance(agent: MLPActorCritic, episodes: list[tuple[Tensor, Tensor
     grads = []
     actor_params = list(agent.actor.parameters())
     for observations, actions, rewards in episodes:
-        dones = torch.zeros_like(rewards, dtype=torch.bool)
-        dones[-1] = True
-        returns = discounted_returns(rewards, dones, gamma=gamma)
+        returns = episode_returns(rewards.unsqueeze(0), torch.ones(1, len(rewards), dtype=torch.bool), gamma)[0]
         logprobs, _, values = agent.evaluate(observations, actions)
         advantages = returns - values.detach() if baseline else returns
         g = torch.autograd.grad(policy_gradient_loss(logprobs, advantages), actor_params)
