@@ -24,6 +24,7 @@ from torch import Tensor
 from rlhf_toy.advantages import discounted_returns
 from rlhf_toy.config import check, option
 from rlhf_toy.losses import policy_gradient_loss, value_loss
+from rlhf_toy.masks import Dims
 
 from .agent import MLPActorCritic
 from .envs import make_vec_env
@@ -98,13 +99,14 @@ def play_episodes(envs: list[gym.Env], act, generators: list[torch.Generator],
              torch.tensor([h[2] for h in hist])) for hist in history]
 
 
-def reinforce_loss(logprobs: Tensor, values: Tensor, returns: Tensor, mask: Tensor, baseline: bool) -> Tensor:
+def reinforce_loss(logprobs: Tensor, values: Tensor, returns: Tensor, mask: Tensor, baseline: bool,
+                   dim: Dims = None) -> Tensor:
     """The lesson's loss on one episode: -mean(log pi * A) (+ value MSE with a baseline). `[T]` tensors (padding
-    where `mask` is 0) -> scalar."""
+    where `mask` is 0) -> scalar; `[N, T]` with `dim=1` -> one loss per agent `[N]`."""
     advantages = returns - values.detach() if baseline else returns
-    loss = policy_gradient_loss(logprobs, advantages, mask)
+    loss = policy_gradient_loss(logprobs, advantages, mask, dim)
     if baseline:
-        loss = loss + value_loss(values, values.detach(), returns, mask=mask)
+        loss = loss + value_loss(values, values.detach(), returns, mask=mask, dim=dim)
     return loss
 
 
@@ -135,7 +137,6 @@ def train_reinforce_population(cfg: ReinforceConfig, seeds: list[int]) -> list[E
     policy, generators = build_population(seeds, obs_dim, n_actions, hidden=64, threads=None)
     envs = [gym.make(cfg.env_id) for _ in seeds]
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate)
-    loss_fn = torch.vmap(lambda lp, v, ret, m: reinforce_loss(lp, v, ret, m, cfg.baseline))
     logs, steps = [EpisodeLog() for _ in seeds], [0] * len(seeds)
     act = agent_actions(policy)
     for episode in range(cfg.episodes):
@@ -144,7 +145,8 @@ def train_reinforce_population(cfg: ReinforceConfig, seeds: list[int]) -> list[E
         returns = episode_returns(rewards, mask, cfg.gamma)
         logprobs, _, values = policy.evaluate(obs, actions)
         optimizer.zero_grad(set_to_none=True)
-        loss_fn(logprobs, values, returns, mask).sum().backward()  # disjoint parameters: each agent's own gradient
+        # One loss per agent (reduced over its own steps, dim 1); disjoint parameters: each agent's own gradient.
+        reinforce_loss(logprobs, values, returns, mask, cfg.baseline, dim=1).sum().backward()
         optimizer.step()
         for k, (_, _, r) in enumerate(episodes):
             steps[k] += len(r)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .masks import masked_mean, masked_var
+from .masks import Dims, masked_mean, masked_var
 
 
 class PolicyLoss(NamedTuple):
@@ -42,11 +42,13 @@ def clipped_policy_loss(
     advantages: Tensor,
     clip_range: float | None,
     mask: Tensor | None = None,
+    dim: Dims = None,
 ) -> PolicyLoss:
     """PPO's clipped surrogate: mean of max(-A * r, -A * clip(r, 1 - eps, 1 + eps)), r = pi_new / pi_old.
 
     `clip_range=None` gives the unclipped surrogate -A * r (the lesson's "break the clip" exercise).
-    At r = 1 its gradient equals the plain policy gradient's, -A * grad log pi.
+    At r = 1 its gradient equals the plain policy gradient's, -A * grad log pi. `dim` (as in `masked_mean`)
+    keeps the other dimensions: a population's `[N, b]` with `dim=1` gives one loss per agent.
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
@@ -59,15 +61,16 @@ def clipped_policy_loss(
         per_sample = torch.maximum(unclipped, clipped)
         clipped_mask = (ratio - 1.0).abs() > clip_range
     with torch.no_grad():
-        clip_fraction = masked_mean(clipped_mask.to(ratio.dtype), mask)
-        approx_kl = masked_mean(kl_k3(old_logprobs, logprobs), mask)
-        ratio_mean = masked_mean(ratio, mask)
-    return PolicyLoss(masked_mean(per_sample, mask), clip_fraction, approx_kl, ratio_mean)
+        clip_fraction = masked_mean(clipped_mask.to(ratio.dtype), mask, dim)
+        approx_kl = masked_mean(kl_k3(old_logprobs, logprobs), mask, dim)
+        ratio_mean = masked_mean(ratio, mask, dim)
+    return PolicyLoss(masked_mean(per_sample, mask, dim), clip_fraction, approx_kl, ratio_mean)
 
 
-def policy_gradient_loss(logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None) -> Tensor:
+def policy_gradient_loss(logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None,
+                         dim: Dims = None) -> Tensor:
     """REINFORCE: -mean(log pi(a|s) * A). `advantages` are returns (no baseline) or returns - V (baseline)."""
-    return masked_mean(-logprobs * advantages.detach(), mask)
+    return masked_mean(-logprobs * advantages.detach(), mask, dim)
 
 
 def value_loss(
@@ -76,6 +79,7 @@ def value_loss(
     returns: Tensor,
     clip_range: float | None = None,
     mask: Tensor | None = None,
+    dim: Dims = None,
 ) -> Tensor:
     """Mean squared error to the returns; with `clip_range`, the max of the plain and the clipped error,
     where the clipped prediction stays within `clip_range` of the value that collected the data."""
@@ -83,7 +87,7 @@ def value_loss(
     if clip_range is not None:
         clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
         error = torch.maximum(error, (clipped - returns) ** 2)
-    return masked_mean(error, mask)
+    return masked_mean(error, mask, dim)
 
 
 @torch.no_grad()

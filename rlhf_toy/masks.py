@@ -9,34 +9,46 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+Dims = int | tuple[int, ...] | None  # the dimensions a reduction runs over; None = all of them
 
-def masked_mean(x: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Mean of `x` over the entries where `mask` is set; the plain mean when `mask` is None. Any shape."""
+
+def _sum(x: Tensor, dim: Dims, keepdim: bool) -> Tensor:
+    return x.sum() if dim is None else x.sum(dim, keepdim=keepdim)
+
+
+def masked_mean(x: Tensor, mask: Tensor | None = None, dim: Dims = None, keepdim: bool = False) -> Tensor:
+    """Mean of `x` over the entries where `mask` is set; the plain mean when `mask` is None. Any shape.
+
+    `dim` reduces over those dimensions only, one mean for each index of the others (a population's `[N, b]`
+    with `dim=1`: one mean per agent); None reduces over all (to a scalar, whatever `keepdim`)."""
     if mask is None:
-        return x.mean()
+        return x.mean() if dim is None else x.mean(dim, keepdim=keepdim)
     mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return _sum(x * mask, dim, keepdim) / _sum(mask, dim, keepdim).clamp(min=1.0)
 
 
-def masked_var(x: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Unbiased variance of `x` over the masked entries (population variance for a single entry)."""
-    if mask is None:
+def masked_var(x: Tensor, mask: Tensor | None = None, dim: Dims = None, keepdim: bool = False) -> Tensor:
+    """Unbiased variance of `x` over the masked entries (population variance for a single entry); `dim` and
+    `keepdim` as in `masked_mean`."""
+    if mask is None and dim is None:
         return x.var() if x.numel() > 1 else torch.zeros((), dtype=x.dtype)
-    m = mask.to(x.dtype)
-    n = m.sum()
-    mean = (x * m).sum() / n.clamp(min=1.0)
-    var = (((x - mean) ** 2) * m).sum() / (n - 1).clamp(min=1.0)
-    return var
+    m = torch.ones_like(x) if mask is None else mask.to(x.dtype)
+    n = _sum(m, dim, True)
+    mean = _sum(x * m, dim, True) / n.clamp(min=1.0)
+    var = _sum(((x - mean) ** 2) * m, dim, True) / (n - 1).clamp(min=1.0)
+    return var if keepdim or dim is None else var.squeeze(dim)
 
 
-def masked_whiten(x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """Normalize `x` to zero mean and unit std over the masked entries; padding is left at 0.
+def masked_whiten(x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8,
+                  dim: Dims = None) -> Tensor:
+    """Normalize `x` to zero mean and unit std over the masked entries (over `dim` only, as in `masked_mean`);
+    padding is left at 0.
 
     `shift_mean=False` scales the spread to 1 but puts the mean back (as TRL does for rewards, whose sign
     carries meaning).
     """
-    mean = masked_mean(x, mask)
-    std = masked_var(x, mask).sqrt()
+    mean = masked_mean(x, mask, dim, keepdim=True)
+    std = masked_var(x, mask, dim, keepdim=True).sqrt()
     out = (x - mean) / (std + eps)
     if not shift_mean:
         out = out + mean

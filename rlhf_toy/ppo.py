@@ -17,7 +17,7 @@ from torch import Tensor
 from .config import check, option
 from .distributed import any_rank
 from .losses import clipped_policy_loss, explained_variance, kl_k3, policy_gradient_loss, value_loss
-from .masks import masked_mean, masked_whiten
+from .masks import Dims, masked_mean, masked_whiten
 
 
 class RolloutBatch(NamedTuple):
@@ -138,31 +138,33 @@ def minibatch(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
 
 def minibatch_loss(logprobs: Tensor, entropy: Tensor, values: Tensor, mb: RolloutBatch, cfg: PPOConfig,
                    clip_range: float | None, policy_loss: str = "clipped",
-                   kl_loss_coef: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+                   kl_loss_coef: float = 0.0, dim: Dims = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's loss on one minibatch, from the policy's fresh `(logprobs, entropy, values)` (each `[b, *S]`).
 
     Advantages are normalized over the minibatch's real steps (if enabled), then: the policy loss (`clipped`:
     the clipped surrogate; `pg`: REINFORCE's -log pi * A) + vf_coef * (clipped) value loss - ent_coef * entropy
     (+ kl_loss_coef * k3 KL to `mb.ref_logprobs`, GRPO's KL in the loss). Returns the scalar loss and its parts
     (`policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`, `kl_loss`; diagnostics detached).
-    A pure function of tensors: `torch.vmap` runs it per agent for a population (`rlhf_toy.population`).
+    `dim` (as in `masked_mean`) runs it on independent problems at once: a population's `[N, b]` tensors with
+    `dim=1` give every agent its own advantage normalization and loss, the loss and each part shaped `[N]`
+    (`rlhf_toy.population`).
     """
     advantages = mb.advantages
     if cfg.normalize_advantages and advantages.numel() > 1:
-        advantages = masked_whiten(advantages, mb.mask)
-    pg = clipped_policy_loss(logprobs, mb.logprobs, advantages, clip_range, mb.mask)
-    p_loss = pg.loss if policy_loss == "clipped" else policy_gradient_loss(logprobs, advantages, mb.mask)
-    v_loss = value_loss(values, mb.values, mb.returns, cfg.clip_range_vf, mb.mask)
+        advantages = masked_whiten(advantages, mb.mask, dim=dim)
+    pg = clipped_policy_loss(logprobs, mb.logprobs, advantages, clip_range, mb.mask, dim)
+    p_loss = pg.loss if policy_loss == "clipped" else policy_gradient_loss(logprobs, advantages, mb.mask, dim)
+    v_loss = value_loss(values, mb.values, mb.returns, cfg.clip_range_vf, mb.mask, dim)
     loss = p_loss + cfg.vf_coef * v_loss
-    kl = torch.zeros((), device=logprobs.device)
+    kl = torch.zeros_like(loss)
     if kl_loss_coef > 0 and mb.ref_logprobs is not None:
-        kl = masked_mean(kl_k3(logprobs, mb.ref_logprobs), mb.mask)
+        kl = masked_mean(kl_k3(logprobs, mb.ref_logprobs), mb.mask, dim)
         loss = loss + kl_loss_coef * kl
     if cfg.ent_coef > 0:
-        ent = masked_mean(entropy, mb.mask)
+        ent = masked_mean(entropy, mb.mask, dim)
         loss = loss - cfg.ent_coef * ent
     else:  # keep the entropy out of the graph: a backward pass through it costs time for nothing
-        ent = masked_mean(entropy.detach(), mb.mask)
+        ent = masked_mean(entropy.detach(), mb.mask, dim)
     return loss, {"policy_loss": p_loss, "value_loss": v_loss, "entropy": ent, "approx_kl": pg.approx_kl,
                   "clip_fraction": pg.clip_fraction, "kl_loss": kl.detach()}
 

@@ -94,3 +94,38 @@ def test_dpo_loss_matches_a_hand_computed_value():
     assert out.loss.item() == pytest.approx(expected, rel=1e-6)
     assert out.chosen_rewards.item() == pytest.approx(0.1) and out.rejected_rewards.item() == pytest.approx(-0.05)
     assert out.accuracy.item() == 1.0
+
+
+@pytest.mark.parametrize("policy_loss,kl_coef,ent_coef", [("clipped", 0.0, 0.0), ("pg", 0.1, 0.01)])
+def test_minibatch_loss_with_dim_equals_one_call_per_row(policy_loss, kl_coef, ent_coef):
+    """`dim=1` (a population's one loss per agent) against the loss of each row alone, on random data with
+    padding: every part, and the gradients."""
+    from rlhf_toy.masks import masked_var, masked_whiten
+    from rlhf_toy.ppo import PPOConfig, RolloutBatch, minibatch_loss
+
+    g = torch.Generator().manual_seed(0)
+    N, b = 4, 9
+    r = lambda: torch.randn(N, b, generator=g)  # noqa: E731
+    mask = torch.rand(N, b, generator=g) > 0.3
+    mask[:, 0] = True
+    lp, ent, v = (r().requires_grad_() for _ in range(3))
+    mb = RolloutBatch(None, None, r(), r(), r(), r(), mask, r())
+    cfg = PPOConfig(ent_coef=ent_coef, clip_range_vf=0.3)
+    loss, parts = minibatch_loss(lp, ent, v, mb, cfg, 0.2, policy_loss, kl_coef, dim=1)
+    loss.sum().backward()
+    for k in range(N):
+        lpk, entk, vk = (t.detach()[k].clone().requires_grad_() for t in (lp, ent, v))
+        mbk = RolloutBatch(None, None, *(x[k] for x in mb[2:]))
+        loss_k, parts_k = minibatch_loss(lpk, entk, vk, mbk, cfg, 0.2, policy_loss, kl_coef)
+        loss_k.backward()
+        assert_close(loss[k], loss_k)
+        for name, value in parts_k.items():
+            assert_close(parts[name][k], value)
+        for batched, single in ((lp, lpk), (ent, entk), (v, vk)):
+            if single.grad is None:  # the entropy, without a bonus, stays out of the graph in both
+                assert batched.grad is None
+            else:
+                assert_close(batched.grad[k], single.grad)
+        assert_close(masked_var(mb.advantages, mask, dim=1)[k], masked_var(mb.advantages[k], mask[k]))
+        assert_close(masked_whiten(mb.advantages, mask, dim=1)[k], masked_whiten(mb.advantages[k], mask[k]))
+    assert_close(masked_var(mb.advantages, dim=1), mb.advantages.var(dim=1))  # no mask: torch's unbiased var

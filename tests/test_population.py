@@ -11,7 +11,7 @@ from torch import nn
 
 from cartpole.agent import MLPActorCritic
 from cartpole.envs import make_vec_env
-from cartpole.population import build_population, by_agent, train_population
+from cartpole.population import _StackedLinear, build_population, by_agent, train_population
 from cartpole.rollout import RolloutCollector
 from cartpole.train import CARTPOLE_PPO, TrainConfig, cartpole_ppo_config, run_training, train
 from rlhf_toy.advantages import gae
@@ -73,6 +73,28 @@ def test_each_agent_is_updated_as_the_core_updates_it_alone():
         for a, b in zip(agent.parameters(), pop.agent(k).parameters()):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
         assert stats["policy_loss"][k].item() == pytest.approx(s["policy_loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("n_in,n_out", [(4, 64), (64, 64), (64, 2), (64, 1)])
+def test_stacked_linear_gradients_equal_autograds(n_in, n_out):
+    """The hand-written backward (each weight gradient in its faster layout) against autograd through
+    `bmm(x, w^T) + b`, in float64, with and without a gradient for the input."""
+    g = torch.Generator().manual_seed(n_in + n_out)
+    x, w, b = (torch.randn(*shape, generator=g, dtype=torch.float64)
+               for shape in ((3, 7, n_in), (3, n_out, n_in), (3, 1, n_out)))
+    grad_out = torch.randn(3, 7, n_out, generator=g, dtype=torch.float64)
+    for x_needs_grad in (True, False):
+        ours = [t.clone().requires_grad_(t is not x or x_needs_grad) for t in (x, w, b)]
+        ref = [t.clone().requires_grad_(t is not x or x_needs_grad) for t in (x, w, b)]
+        out = _StackedLinear.apply(*ours)
+        expected = torch.bmm(ref[0], ref[1].transpose(1, 2)) + ref[2]
+        torch.testing.assert_close(out, expected)
+        out.backward(grad_out)
+        expected.backward(grad_out)
+        for a, r in zip(ours, ref):
+            assert (a.grad is None) == (r.grad is None)
+            if r.grad is not None:
+                torch.testing.assert_close(a.grad, r.grad)
 
 
 def test_per_agent_gradient_clip_equals_torchs_clip_on_each_agent():
