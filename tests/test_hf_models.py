@@ -51,6 +51,26 @@ def test_left_padding_gives_the_log_probs_of_unpadded_sequences(bases, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_logits_of_the_response_only_equal_the_full_logits(bases, arch, monkeypatch):
+    """`response_logprobs` asks the model for the response positions' logits only (`logits_to_keep`); the
+    log-probs and entropies equal those read from the whole sequence's logits, with LoRA (PEFT) too."""
+    from rlhf_toy.lm.models import causal_lm
+
+    model, tok = load_base(bases[arch])
+    prompt_ids, prompt_mask = pad_sequences(encode_prompts(tok, PROMPTS[:4]), tok.pad_token_id, "left")
+    response = torch.randint(3, VOCAB, (4, 7), generator=torch.Generator().manual_seed(1))
+    lora = add_lora(load_base(bases[arch])[0], LoraConfig(lora_r=4), "CAUSAL_LM")
+    for m in (model, lora):
+        assert causal_lm.keeps_logits(m)
+        short = response_logprobs(m, prompt_ids, prompt_mask, response, 0.7)
+        with monkeypatch.context() as patch:
+            patch.setattr(causal_lm, "keeps_logits", lambda _: False)
+            full = response_logprobs(m, prompt_ids, prompt_mask, response, 0.7)
+        for a, b in zip(short, full):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_sampled_log_probs_equal_a_forward_pass(bases, arch):
     """The log-probs and entropies `sample(with_logprobs=True)` takes from `generate`'s logits (left-padded prompts,
     KV cache, replies of unequal length) equal a forward pass over the whole sequences, on every real token."""

@@ -10,6 +10,7 @@ Conventions that matter (each is a known RLHF implementation detail):
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,18 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[
     return log_pi.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(log_pi.exp() * log_pi).sum(-1)
 
 
+_KEEPS_LOGITS: dict[type, bool] = {}
+
+
+def keeps_logits(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do; a PEFT model passes it
+    on to the model it wraps)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(base) not in _KEEPS_LOGITS:
+        _KEEPS_LOGITS[type(base)] = "logits_to_keep" in inspect.signature(base.forward).parameters
+    return _KEEPS_LOGITS[type(base)]
+
+
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
                       temperature: float = 1.0, return_hidden: bool = False):
     """Log-probs of the response tokens under `model`, logits divided by `temperature`.
@@ -72,11 +85,14 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     device = model_device(model)
     ids = torch.cat([prompt_ids, response_ids], 1).to(device)
     mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1).to(device)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                output_hidden_states=return_hidden)
     P, R = prompt_ids.shape[1], response_ids.shape[1]
-    # position t predicts token t + 1
-    logprobs, entropy = token_logprobs(out.logits[:, P - 1: P + R - 1], response_ids, temperature)
+    # Only the last R + 1 positions' logits are needed: the LM head skips the prompt (for a real vocabulary,
+    # 49k for SmolLM2, that is most of a [B, P + R, V] tensor). Models without the argument give them all.
+    keep = {"logits_to_keep": R + 1} if keeps_logits(model) else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                output_hidden_states=return_hidden, **keep)
+    # position t predicts token t + 1: positions P - 1 ... P + R - 2, the same slice whichever logits came back
+    logprobs, entropy = token_logprobs(out.logits[:, -(R + 1):-1], response_ids, temperature)
     if return_hidden:
         return logprobs, entropy, out.hidden_states[-1][:, P - 1: P + R - 1]
     return logprobs, entropy
