@@ -7,6 +7,7 @@ into a `RolloutBatch` and call `ppo_update`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Protocol
@@ -150,7 +151,8 @@ def minibatch_loss(logprobs: Tensor, entropy: Tensor, values: Tensor, mb: Rollou
     (`rlhf_toy.population`).
     """
     advantages = mb.advantages
-    if cfg.normalize_advantages and advantages.numel() > 1:
+    dims = range(advantages.dim()) if dim is None else (dim,) if isinstance(dim, int) else dim
+    if cfg.normalize_advantages and math.prod(advantages.shape[d] for d in dims) > 1:  # > 1 sample per problem
         advantages = masked_whiten(advantages, mb.mask, dim=dim)
     pg = clipped_policy_loss(logprobs, mb.logprobs, advantages, clip_range, mb.mask, dim)
     p_loss = pg.loss if policy_loss == "clipped" else policy_gradient_loss(logprobs, advantages, mb.mask, dim)

@@ -129,3 +129,17 @@ def test_minibatch_loss_with_dim_equals_one_call_per_row(policy_loss, kl_coef, e
         assert_close(masked_var(mb.advantages, mask, dim=1)[k], masked_var(mb.advantages[k], mask[k]))
         assert_close(masked_whiten(mb.advantages, mask, dim=1)[k], masked_whiten(mb.advantages[k], mask[k]))
     assert_close(masked_var(mb.advantages, dim=1), mb.advantages.var(dim=1))  # no mask: torch's unbiased var
+
+
+def test_minibatch_loss_with_dim_and_one_sample_per_row_skips_normalization_as_one_row_does():
+    from rlhf_toy.ppo import PPOConfig, RolloutBatch, minibatch_loss
+
+    g = torch.Generator().manual_seed(1)
+    lp, old, adv = (torch.randn(3, 1, generator=g) for _ in range(3))
+    mb = RolloutBatch(None, None, old, torch.zeros(3, 1), adv, torch.zeros(3, 1))
+    loss, _ = minibatch_loss(lp, torch.zeros(3, 1), torch.zeros(3, 1), mb, PPOConfig(), 0.2, dim=1)
+    for k in range(3):
+        row = RolloutBatch(None, None, old[k], torch.zeros(1), adv[k], torch.zeros(1))
+        alone, _ = minibatch_loss(lp[k], torch.zeros(1), torch.zeros(1), row, PPOConfig(), 0.2)
+        assert_close(loss[k], alone)
+    assert loss.abs().sum() > 0  # not normalized to zeros
