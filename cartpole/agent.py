@@ -70,6 +70,13 @@ def draw_uniforms(generator: torch.Generator | list[torch.Generator], n_steps: i
     return torch.cat([torch.rand((n_steps, per_agent), generator=g) for g in generator], dim=1)
 
 
+def tanh_(x: Tensor) -> Tensor:
+    """`tanh` in place on a tensor nothing else reads (a fresh layer output): the same numbers, no new tensor."""
+    if x.numel() <= SMALL:
+        return x.tanh_()
+    return x.mul_(2).sigmoid_().mul_(2).sub_(1)
+
+
 class Tanh(nn.Module):
     """`tanh` as a module, for the `nn.Sequential` stacks (same numbers as `run_mlp`)."""
 

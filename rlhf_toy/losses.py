@@ -91,13 +91,13 @@ def value_loss(
 
 
 @torch.no_grad()
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor | None = None) -> float:
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor | None = None, dim: Dims = None) -> float | Tensor:
     """1 - Var[returns - values] / Var[returns]: 1 is a perfect critic, 0 no better than a constant,
-    NaN when the returns do not vary."""
-    var_returns = masked_var(returns, mask)
-    if var_returns.item() == 0.0:
-        return float("nan")
-    return float(1.0 - masked_var(returns - values, mask) / var_returns)
+    NaN when the returns do not vary. A float; with `dim` (as in `masked_mean`), a tensor of one value per index
+    of the other dimensions (per agent of a population)."""
+    var_returns = masked_var(returns, mask, dim)
+    ev = torch.where(var_returns == 0, float("nan"), 1.0 - masked_var(returns - values, mask, dim) / var_returns)
+    return ev if dim is not None else float(ev)
 
 
 class DPOLoss(NamedTuple):

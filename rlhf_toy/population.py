@@ -31,8 +31,10 @@ class PopulationActorCritic(Protocol):
 
 def per_agent(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
     """Samples `idx [N, b]` of each agent from a population batch whose fields are `[N, n, ...]`."""
-    rows = torch.arange(idx.shape[0]).unsqueeze(1)
-    pick = lambda x: x[rows, idx]  # noqa: E731
+
+    def pick(x: Tensor) -> Tensor:  # x[k, idx[k]] for every k (gather: 2-3x quicker than x[rows, idx] here)
+        return x.gather(1, idx.view(*idx.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
+
     mask = batch.mask if batch.mask is not None else torch.ones_like(batch.advantages, dtype=torch.bool)
     return RolloutBatch(pick(batch.observations), pick(batch.actions), pick(batch.logprobs), pick(batch.values),
                         pick(batch.advantages), pick(batch.returns), pick(mask))
@@ -40,10 +42,10 @@ def per_agent(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
 
 def clip_grad_norm_per_agent(params: Sequence[Tensor], max_norm: float) -> Tensor:
     """`torch.nn.utils.clip_grad_norm_` for each agent separately: `[N, ...]` grads; returns the norms `[N]`."""
-    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in params]).norm(dim=0)
+    norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), dim=1)
+                                                  for p in params]), dim=0)
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for p in params:
-        p.grad.mul_(coef.view(-1, *[1] * (p.dim() - 1)))
+    torch._foreach_mul_([p.grad for p in params], [coef.view(-1, *[1] * (p.dim() - 1)) for p in params])
     return norms
 
 
@@ -80,7 +82,7 @@ def population_ppo_update(
     N, n = batch.actions.shape[:2]
     active = torch.ones(N, dtype=torch.bool)  # agents still updating (each stops at its own KL limit)
     epochs_done = torch.zeros(N)
-    sums = {k: torch.zeros(N) for k in STAT_KEYS}
+    sums = torch.zeros(len(STAT_KEYS), N)  # each diagnostic's running sum over the steps an agent took
     steps = torch.zeros(N)
     for _epoch in range(cfg.n_epochs):
         # Each agent draws its own order; an agent that stopped draws nothing, as its single run would not.
@@ -97,22 +99,21 @@ def population_ppo_update(
                 active = active & ~(parts["approx_kl"] > 1.5 * cfg.target_kl)
                 if not bool(active.any()):
                     break
-            optimizer.zero_grad(set_to_none=True)
+            for p in params:  # optimizer.zero_grad(set_to_none=True), without its profiler hook's ~40 us a step
+                p.grad = None
             (losses * active).sum().backward()  # disjoint parameters: agent k's gradient is its own loss's
             if cfg.max_grad_norm is not None:
                 clip_grad_norm_per_agent(params, cfg.max_grad_norm)
             step_agents(optimizer, params, active)
-            for k in STAT_KEYS:
-                sums[k] += torch.where(active, parts[k].detach(), 0.0)
+            sums += torch.where(active, torch.stack([parts[k].detach() for k in STAT_KEYS]), 0.0)
             steps += active
         epochs_done += active
         if not bool(active.any()):
             break
-    out = {k: sums[k] / steps for k in STAT_KEYS}  # NaN for an agent that never stepped, as ppo_update's
+    out = {k: sums[i] / steps for i, k in enumerate(STAT_KEYS)}  # NaN for an agent that never stepped, as ppo_update's
     mask = batch.mask
     out.update(
-        explained_variance=torch.tensor([explained_variance(batch.values[k], batch.returns[k],
-                                                            None if mask is None else mask[k]) for k in range(N)]),
+        explained_variance=explained_variance(batch.values, batch.returns, mask, dim=1),
         learning_rate=torch.full((N,), lr),
         clip_range=torch.full((N,), float("nan") if clip_range is None else clip_range),
         epochs=epochs_done, early_stop=(~active).float(), gradient_steps=steps,

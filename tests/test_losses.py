@@ -81,6 +81,18 @@ def test_explained_variance():
     ret = torch.tensor([1.0, 2.0, 3.0, 4.0])
     assert explained_variance(ret, ret) == 1.0
     assert abs(explained_variance(torch.full((4,), 2.5), ret)) < 1e-6
+    assert explained_variance(ret, torch.ones(4)) != explained_variance(ret, torch.ones(4))  # NaN: no variance
+    # dim=1: one value per row, each as the row alone gives it (NaN for a row whose returns do not vary)
+    g = torch.Generator().manual_seed(0)
+    values, returns = torch.randn(3, 6, generator=g), torch.randn(3, 6, generator=g)
+    returns[2] = 1.0
+    mask = torch.rand(3, 6, generator=g) > 0.3
+    mask[:, :2] = True
+    per_row = explained_variance(values, returns, mask, dim=1)
+    for k in range(3):
+        alone = explained_variance(values[k], returns[k], mask[k])
+        assert per_row[k].isnan() if alone != alone else per_row[k].item() == pytest.approx(alone, abs=1e-6)
+    assert per_row[2].isnan()
 
 
 def test_dpo_loss_matches_a_hand_computed_value():

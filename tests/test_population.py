@@ -11,7 +11,7 @@ from torch import nn
 
 from cartpole.agent import MLPActorCritic
 from cartpole.envs import make_vec_env
-from cartpole.population import _StackedLinear, build_population, by_agent, train_population
+from cartpole.population import _StackedMLP, build_population, by_agent, train_population
 from cartpole.rollout import RolloutCollector
 from cartpole.train import CARTPOLE_PPO, TrainConfig, cartpole_ppo_config, run_training, train
 from rlhf_toy.advantages import gae
@@ -75,19 +75,25 @@ def test_each_agent_is_updated_as_the_core_updates_it_alone():
         assert stats["policy_loss"][k].item() == pytest.approx(s["policy_loss"], rel=1e-5, abs=1e-7)
 
 
-@pytest.mark.parametrize("n_in,n_out", [(4, 64), (64, 64), (64, 2), (64, 1)])
-def test_stacked_linear_gradients_equal_autograds(n_in, n_out):
-    """The hand-written backward (each weight gradient in its faster layout) against autograd through
-    `bmm(x, w^T) + b`, in float64, with and without a gradient for the input."""
-    g = torch.Generator().manual_seed(n_in + n_out)
-    x, w, b = (torch.randn(*shape, generator=g, dtype=torch.float64)
-               for shape in ((3, 7, n_in), (3, n_out, n_in), (3, 1, n_out)))
-    grad_out = torch.randn(3, 7, n_out, generator=g, dtype=torch.float64)
+@pytest.mark.parametrize("sizes,rows", [((4, 64, 64, 2), 7), ((4, 64, 64, 1), 300), ((64, 3), 5)])
+def test_stacked_mlp_gradients_equal_autograds(sizes, rows):
+    """The hand-written backward of the stacked MLP (each weight gradient in its faster layout, tanh fused)
+    against autograd through `bmm(x, w^T) + b` and torch.tanh, in float64, with and without a gradient for the
+    input; 300 rows take the activation's sigmoid form (more than `agent.SMALL` elements), 7 rows torch.tanh."""
+    g = torch.Generator().manual_seed(rows)
+    shapes = [(3, rows, sizes[0])]
+    for n_in, n_out in zip(sizes, sizes[1:]):
+        shapes += [(3, n_out, n_in), (3, 1, n_out)]
+    tensors = [torch.randn(*shape, generator=g, dtype=torch.float64) for shape in shapes]
+    grad_out = torch.randn(3, rows, sizes[-1], generator=g, dtype=torch.float64)
     for x_needs_grad in (True, False):
-        ours = [t.clone().requires_grad_(t is not x or x_needs_grad) for t in (x, w, b)]
-        ref = [t.clone().requires_grad_(t is not x or x_needs_grad) for t in (x, w, b)]
-        out = _StackedLinear.apply(*ours)
-        expected = torch.bmm(ref[0], ref[1].transpose(1, 2)) + ref[2]
+        ours = [t.clone().requires_grad_(i > 0 or x_needs_grad) for i, t in enumerate(tensors)]
+        ref = [t.clone().requires_grad_(i > 0 or x_needs_grad) for i, t in enumerate(tensors)]
+        out = _StackedMLP.apply(*ours)
+        expected = ref[0]
+        for i in range(1, len(ref), 2):
+            expected = torch.bmm(expected, ref[i].transpose(1, 2)) + ref[i + 1]
+            expected = torch.tanh(expected) if i + 2 < len(ref) else expected
         torch.testing.assert_close(out, expected)
         out.backward(grad_out)
         expected.backward(grad_out)
@@ -95,6 +101,14 @@ def test_stacked_linear_gradients_equal_autograds(n_in, n_out):
             assert (a.grad is None) == (r.grad is None)
             if r.grad is not None:
                 torch.testing.assert_close(a.grad, r.grad)
+
+
+def test_in_place_tanh_gives_the_agents_tanh():
+    from cartpole.agent import tanh, tanh_
+
+    for shape in ((5, 64), (32, 256, 64)):  # below and above agent.SMALL
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3
+        assert torch.equal(tanh_(x.clone()), tanh(x))
 
 
 def test_per_agent_gradient_clip_equals_torchs_clip_on_each_agent():
