@@ -16,8 +16,13 @@ from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_torch_save
 
 
+def _tanh_from_doubled_(y: Tensor) -> Tensor:
+    """tanh(x) as 2 sigmoid(2x) - 1, in place on `y` = 2x (a tensor nothing else reads)."""
+    return y.sigmoid_().mul_(2).sub_(1)
+
+
 def _tanh_values(x: Tensor) -> Tensor:
-    return torch.sigmoid(x * 2).mul_(2).sub_(1)
+    return _tanh_from_doubled_(x * 2)
 
 
 class _Tanh(torch.autograd.Function):
@@ -72,9 +77,7 @@ def draw_uniforms(generator: torch.Generator | list[torch.Generator], n_steps: i
 
 def tanh_(x: Tensor) -> Tensor:
     """`tanh` in place on a tensor nothing else reads (a fresh layer output): the same numbers, no new tensor."""
-    if x.numel() <= SMALL:
-        return x.tanh_()
-    return x.mul_(2).sigmoid_().mul_(2).sub_(1)
+    return x.tanh_() if x.numel() <= SMALL else _tanh_from_doubled_(x.mul_(2))
 
 
 class Tanh(nn.Module):
