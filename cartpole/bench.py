@@ -59,8 +59,9 @@ def ours_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> d
     return {"peer": "rlhf-toy", **s}
 
 
-def population_wall(seeds: int, threads: int, total_steps: int = 100_000) -> dict[str, Any]:
-    """Wall time of a population of `seeds` agents (seeds 0..N-1), each trained for `total_steps`."""
+def population_wall(seeds: int, threads: int, total_steps: int = 100_000, workers: int = 1) -> dict[str, Any]:
+    """Wall time of a population of `seeds` agents (seeds 0..N-1), each trained for `total_steps`, split over
+    `workers` processes (`TrainConfig.workers`)."""
     import torch
 
     from .population import train_population
@@ -69,9 +70,10 @@ def population_wall(seeds: int, threads: int, total_steps: int = 100_000) -> dic
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        s = train_population(TrainConfig(total_steps=total_steps, threads=threads, out=out, progress=False,
-                                         tensorboard=False, plot=False), list(range(seeds)), CARTPOLE_PPO)["summary"]
-    return {"peer": f"population-{seeds}", "seeds": seeds, "wall_s": time.perf_counter() - t0,
+        cfg = TrainConfig(total_steps=total_steps, threads=threads, out=out, progress=False, tensorboard=False,
+                          plot=False, seeds=f"0-{seeds - 1}", workers=workers)
+        s = train_population(cfg, list(range(seeds)), CARTPOLE_PPO)["summary"]
+    return {"peer": f"population-{seeds}", "seeds": seeds, "workers": workers, "wall_s": time.perf_counter() - t0,
             "fraction_solved": s["fraction_solved"], "median_solved_step": s["solved_step"]["median"],
             "median_eval_mean": s["eval_mean"]["median"]}
 
@@ -79,12 +81,12 @@ def population_wall(seeds: int, threads: int, total_steps: int = 100_000) -> dic
 RUNNERS = {"sb3": sb3_time_to_solve, "rlhf-toy": ours_time_to_solve, "population": population_wall}
 
 
-def run_in_subprocess(peer: str, seed: int, threads: int, total_steps: int) -> dict[str, Any]:
-    """One run in a fresh interpreter, so that no run inherits another's warm caches."""
+def run_in_subprocess(peer: str, seed: int, threads: int, total_steps: int, **kwargs: Any) -> dict[str, Any]:
+    """One run in a fresh interpreter, so that no run inherits another's warm caches (`kwargs` go to the runner)."""
     # torch.optim imports torch._dynamo on the first optimizer (~0.65 s here); both peers pay it before
     # their clocks start, so the figure compares training, not a one-time import.
-    code = ("import json, sys, torch._dynamo; from cartpole.bench import RUNNERS; "
-            f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps})))")  # population: seed = N
+    code = ("import json, sys, torch._dynamo; from cartpole.bench import RUNNERS; "  # population: seed = N
+            f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps}, **{kwargs!r})))")
     env_vars = {"OMP_NUM_THREADS": str(threads)}
     import os
 
@@ -127,12 +129,12 @@ def compare(seeds: list[int], peers: list[str], threads: int, total_steps: int) 
     return report
 
 
-def population_curve(sizes: list[int], threads: int, total_steps: int,
-                     population_threads: int | None = None, repeats: int = 1) -> dict[str, Any]:
+def population_curve(sizes: list[int], threads: int, total_steps: int, population_threads: int | None = None,
+                     repeats: int = 1, workers: int = 1) -> dict[str, Any]:
     """Wall time against population size, beside one single run (`cartpole train`, seed 0) measured in the same
     session: `repeats` rounds of [single run, each size], each run in a fresh process, so that machine drift hits
     every size alike; the report gives medians and the ratio of medians. The single run uses `threads`, the
-    populations `population_threads` (default: the same)."""
+    populations `population_threads` (default: the same) or `workers` processes of one thread each."""
     pop_threads = population_threads or threads
     singles: list[dict[str, Any]] = []
     rows: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
@@ -140,7 +142,7 @@ def population_curve(sizes: list[int], threads: int, total_steps: int,
         singles.append(run_in_subprocess("rlhf-toy", 0, threads, total_steps))
         print(json.dumps(singles[-1]), flush=True)
         for n in sizes:
-            rows[n].append(run_in_subprocess("population", n, pop_threads, total_steps))
+            rows[n].append(run_in_subprocess("population", n, pop_threads, total_steps, workers=min(workers, n)))
             print(json.dumps(rows[n][-1]), flush=True)
     base = median_or_none([r.get("wall_s") for r in singles])
     populations = []
@@ -149,6 +151,6 @@ def population_curve(sizes: list[int], threads: int, total_steps: int,
         populations.append({"seeds": n, "median_wall_s": wall, "walls_s": [r.get("wall_s") for r in rows[n]],
                             "fraction_solved": [r.get("fraction_solved") for r in rows[n]],
                             "ratio_to_single_run": wall / base if wall and base else None})
-    return {"threads": threads, "population_threads": pop_threads, "total_steps_per_seed": total_steps,
-            "repeats": repeats, "single_run_median_wall_s": base,
+    return {"threads": threads, "population_threads": pop_threads, "workers": workers,
+            "total_steps_per_seed": total_steps, "repeats": repeats, "single_run_median_wall_s": base,
             "single_run_walls_s": [r.get("wall_s") for r in singles], "populations": populations}

@@ -16,9 +16,12 @@ its first update to float rounding; CartPole then amplifies the rounding over a 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -202,22 +205,55 @@ def distribution(values: list[float | None]) -> dict[str, float | None]:
 
 
 def train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig) -> dict[str, Any]:
-    """Train one agent per seed in one process; write `seed_K/final.pt` per agent and `summary.json`."""
+    """Train one agent per seed; write `seed_K/final.pt` per agent and `summary.json`. With `cfg.workers` > 1,
+    the seeds are split into that many contiguous shares, each trained as its own population in its own process
+    (one torch thread each; its metrics in `part_I/`)."""
     iterations = count_iterations(cfg, ppo)
     with output_lock(cfg.out, "CartPole run"):
-        return _train_population(cfg, seeds, ppo, iterations)
+        t0 = time.perf_counter()
+        shares = [list(map(int, s)) for s in np.array_split(seeds, min(cfg.workers, len(seeds)))]
+        if len(shares) == 1:
+            parts = [_train_population(cfg, seeds, ppo, iterations, Path(cfg.out))]
+        else:
+            parts = _train_in_processes(cfg, shares, ppo, iterations)
+        summary = population_summary(cfg, seeds, [row for part in parts for row in part["per_seed"]],
+                                     parts[0]["env_steps_per_seed"], time.perf_counter() - t0)
+        atomic_write_json(Path(cfg.out) / "summary.json", summary)
+    agents = [agent for part in parts for agent in part["agents"]]
+    policy = parts[0]["policy"] if len(parts) == 1 else PopulationMLPActorCritic(agents)
+    return {"summary": summary, "policy": policy, "trackers": [t for part in parts for t in part["trackers"]]}
 
 
-def _train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterations: int) -> dict[str, Any]:
+def _train_in_processes(cfg: TrainConfig, shares: list[list[int]], ppo: PPOConfig,
+                        iterations: int) -> list[dict[str, Any]]:
+    """Each share of the seeds as a population in its own process, with one torch thread. Forked where the OS
+    allows it (Linux), so that a worker starts with everything imported; spawned elsewhere."""
+    ctx = get_context("fork" if sys.platform == "linux" else "spawn")
+    with ProcessPoolExecutor(len(shares), mp_context=ctx) as pool:
+        futures = [pool.submit(_train_share, cfg, share, ppo, iterations, Path(cfg.out) / f"part_{i}")
+                   for i, share in enumerate(shares)]
+        return [f.result() for f in futures]
+
+
+def _train_share(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterations: int,
+                 log_dir: Path) -> dict[str, Any]:
+    torch.set_num_threads(1)  # two busy processes with two threads each would thrash two cores
+    part = _train_population(cfg, seeds, ppo, iterations, log_dir)
+    del part["policy"]  # its agents travel back instead (plain modules, rebuilt into one population)
+    return part
+
+
+def _train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterations: int,
+                      log_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     N = len(seeds)
     envs = make_vec_env(cfg.env_id, N * cfg.num_envs)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
-    policy, generators = build_population(seeds, obs_dim, n_actions, cfg.hidden, cfg.threads)
+    policy, generators = build_population(seeds, obs_dim, n_actions, cfg.hidden, 1 if cfg.workers > 1 else cfg.threads)
     optimizer = make_optimizer(policy.parameters(), ppo)
     collector = RolloutCollector(envs, seeds[0])
     out = Path(cfg.out)
-    logger = MetricLogger(out, tensorboard=cfg.tensorboard)
+    logger = MetricLogger(log_dir, tensorboard=cfg.tensorboard)
     threshold = reward_threshold(cfg.env_id)
     trackers = [SolvedTracker(threshold, cfg.solved_window, t0) for _ in seeds]
     try:
@@ -241,19 +277,27 @@ def _train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterat
     finally:
         envs.close()
         logger.close()
-    wall_s = time.perf_counter() - t0
     evals = evaluate_population(policy, cfg.env_id, cfg.eval_episodes, seeds[0] + 10_000)
-    per_seed = []
+    per_seed, agents = [], []
     for k, (seed, tracker) in enumerate(zip(seeds, trackers)):
         meta = {"env_id": cfg.env_id, "train": asdict(cfg), "ppo": ppo.to_dict(), "seed": seed,
                 "population": seeds, "env_steps": collector.env_steps // N, "eval_mean": float(evals[k].mean())}
-        save_agent(out / f"seed_{seed}" / "final.pt", policy.agent(k), meta)
+        agents.append(policy.agent(k))
+        save_agent(out / f"seed_{seed}" / "final.pt", agents[-1], meta)
         per_seed.append({"seed": seed, "solved_step": tracker.solved_step,
                          "solved_s": None if tracker.solved_s is None else round(tracker.solved_s, 3),
                          "last20_mean": None if not tracker.all_returns else float(np.mean(tracker.all_returns[-20:])),
                          "eval_mean": float(evals[k].mean()), "episodes": len(tracker.all_returns)})
-    summary = {
-        "env_id": cfg.env_id, "seeds": seeds, "env_steps_per_seed": collector.env_steps // N,
+    return {"per_seed": per_seed, "env_steps_per_seed": collector.env_steps // N, "policy": policy,
+            "agents": agents, "trackers": trackers}
+
+
+def population_summary(cfg: TrainConfig, seeds: list[int], per_seed: list[dict[str, Any]], env_steps_per_seed: int,
+                       wall_s: float) -> dict[str, Any]:
+    """`summary.json`: each seed's figures, and their distribution over the seeds."""
+    N = len(seeds)
+    return {
+        "env_id": cfg.env_id, "seeds": seeds, "env_steps_per_seed": env_steps_per_seed, "workers": cfg.workers,
         "wall_s": round(wall_s, 3),
         "fraction_solved": sum(s["solved_step"] is not None for s in per_seed) / N,
         "solved_s": distribution([s["solved_s"] for s in per_seed]),
@@ -262,5 +306,3 @@ def _train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterat
         "eval_mean": distribution([s["eval_mean"] for s in per_seed]),
         "per_seed": per_seed,
     }
-    atomic_write_json(out / "summary.json", summary)
-    return {"summary": summary, "policy": policy, "trackers": trackers}

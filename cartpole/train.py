@@ -77,6 +77,9 @@ class TrainConfig:
     eval_episodes: int = option("Episodes per evaluation.", 20)
     solved_window: int = option("Solved = mean return of this many last episodes >= the env's threshold.", 20)
     threads: int = option("torch threads (1 is fastest for these small networks).", 1)
+    workers: int = option("With --seeds: processes that train the seeds at once, each a population of a contiguous "
+                          "share of them with one torch thread (2 on two cores). Same seeds and workers, same "
+                          "numbers; another split gives agents other start states.", 1)
     progress: bool = option("Show a progress bar.", True)
     tensorboard: bool = option("Also log to TensorBoard when it is installed.", True)
     plot: bool = option("Save a learning-curve PNG at the end.", True)
@@ -85,8 +88,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.seed_list = parse_seeds(self.seeds) if self.seeds else None
-        for name in ("total_steps", "num_envs", "n_steps", "hidden", "eval_episodes", "solved_window", "threads"):
+        for name in ("total_steps", "num_envs", "n_steps", "hidden", "eval_episodes", "solved_window", "threads",
+                     "workers"):
             check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
+        check(self.workers == 1 or self.seed_list is not None, "workers", self.workers,
+              "1 for a single run (workers split a population: add --seeds 0-31)")
+        check(self.workers == 1 or self.threads == 1, "threads", self.threads,
+              "1 with --workers (each worker process runs one torch thread)")
         check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0 (0 evaluates only at the end)")
         rollout = self.num_envs * self.n_steps
         check(self.total_steps >= rollout, "total_steps", self.total_steps,

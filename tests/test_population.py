@@ -156,6 +156,38 @@ def test_population_is_reproducible(tmp_path):
         assert torch.equal(x, y)
 
 
+def test_workers_train_contiguous_shares_each_as_its_own_population(tmp_path):
+    """`--workers 2` over seeds 4, 7, 9 gives exactly what populations [4, 7] and [9] give, each trained alone:
+    the same per-seed figures, and the same networks, rebuilt into one population in seed order."""
+    split = train_population(quick(tmp_path / "split", seeds="4,7,9", workers=2), [4, 7, 9], CARTPOLE_PPO)
+    alone = [train_population(quick(tmp_path / f"alone{i}"), seeds, CARTPOLE_PPO) for i, seeds in
+             enumerate([[4, 7], [9]])]
+
+    def figures(per_seed):
+        return [{k: v for k, v in p.items() if k != "solved_s"} for p in per_seed]
+
+    s = split["summary"]
+    assert s["workers"] == 2 and s["seeds"] == [4, 7, 9] and len(split["trackers"]) == 3
+    assert figures(s["per_seed"]) == figures(alone[0]["summary"]["per_seed"] + alone[1]["summary"]["per_seed"])
+    singles = [r["policy"].agent(k) for r in alone for k in range(r["policy"].n)]
+    for k, single in enumerate(singles):
+        for x, y in zip(split["policy"].agent(k).parameters(), single.parameters()):
+            assert torch.equal(x, y)
+    assert (tmp_path / "split" / "part_1" / "metrics.jsonl").is_file()
+    assert json.loads((tmp_path / "split" / "summary.json").read_text())["seeds"] == [4, 7, 9]
+
+
+def test_workers_need_seeds_and_one_thread(tmp_path):
+    from rlhf_toy.errors import UserError
+
+    with pytest.raises(UserError, match="workers must be 1 for a single run"):
+        quick(tmp_path, workers=2)
+    with pytest.raises(UserError, match="threads must be 1 with --workers"):
+        quick(tmp_path, seeds="0-3", workers=2, threads=2)
+    with pytest.raises(UserError, match="workers must be >= 1"):
+        quick(tmp_path, seeds="0-3", workers=0)
+
+
 def test_population_cli_and_bad_seeds(tmp_path):
     cmd = [sys.executable, "-m", "cartpole", "train", "--seeds", "0-1", "--total_steps", "1024", "--out",
            str(tmp_path), "--progress", "False", "--eval_episodes", "2"]
