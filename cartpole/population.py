@@ -237,7 +237,8 @@ def _train_in_processes(cfg: TrainConfig, shares: list[list[int]], ppo: PPOConfi
 
 def _train_share(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterations: int,
                  log_dir: Path) -> dict[str, Any]:
-    torch.set_num_threads(1)  # two busy processes with two threads each would thrash two cores
+    # One torch thread (TrainConfig refuses --threads > 1 with --workers; `seed_everything` sets it): two busy
+    # processes with two threads each would thrash two cores.
     part = _train_population(cfg, seeds, ppo, iterations, log_dir)
     del part["policy"]  # its agents travel back instead (plain modules, rebuilt into one population)
     return part
@@ -249,7 +250,7 @@ def _train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterat
     N = len(seeds)
     envs = make_vec_env(cfg.env_id, N * cfg.num_envs)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
-    policy, generators = build_population(seeds, obs_dim, n_actions, cfg.hidden, 1 if cfg.workers > 1 else cfg.threads)
+    policy, generators = build_population(seeds, obs_dim, n_actions, cfg.hidden, cfg.threads)
     optimizer = make_optimizer(policy.parameters(), ppo)
     collector = RolloutCollector(envs, seeds[0])
     out = Path(cfg.out)
