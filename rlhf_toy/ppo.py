@@ -137,6 +137,19 @@ def minibatch(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
                         None if batch.ref_logprobs is None else batch.ref_logprobs[idx])
 
 
+def shuffled_minibatches(n: int, size: int, generator: torch.Generator | None = None,
+                         group_size: int = 1) -> tuple[Tensor, ...]:
+    """One epoch's minibatch indices: a random order of the `n` samples cut into minibatches of `size`. With
+    `group_size` > 1 the samples come in groups of consecutive rows (RLOO's and GRPO's k replies to one prompt)
+    and whole groups are shuffled, so a minibatch holds whole groups (as TRL's trainers have them): their
+    advantages sum to zero within it, and the replies share their prompt's forward pass. `group_size` 1 draws
+    exactly `torch.randperm(n)`."""
+    order = torch.randperm(n // group_size, generator=generator)
+    if group_size > 1:
+        order = (order[:, None] * group_size + torch.arange(group_size)).flatten()
+    return order.split(size)
+
+
 def minibatch_loss(logprobs: Tensor, entropy: Tensor, values: Tensor, mb: RolloutBatch, cfg: PPOConfig,
                    clip_range: float | None, policy_loss: str = "clipped",
                    kl_loss_coef: float = 0.0, dim: Dims = None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -182,6 +195,7 @@ def ppo_update(
     lr_scales: Sequence[float] | None = None,
     policy_loss: str = "clipped",
     kl_loss_coef: float = 0.0,
+    group_size: int = 1,
 ) -> dict[str, float]:
     """Run `cfg.n_epochs` epochs of shuffled minibatches of PPO on `batch`. Returns mean diagnostics.
 
@@ -190,7 +204,8 @@ def ppo_update(
     as a multiple of the scheduled one (default: 1 for every group; e.g. a freshly initialised value head may
     learn faster than a pretrained language model). `policy_loss` "pg" makes it REINFORCE's update (RLOO's
     too) and `kl_loss_coef` adds a k3 KL to `batch.ref_logprobs` to the loss (GRPO's); see `minibatch_loss`.
-    Each minibatch: normalize advantages (if enabled, over
+    `group_size` > 1 keeps groups of that many consecutive samples whole in every minibatch
+    (`shuffled_minibatches`). Each minibatch: normalize advantages (if enabled, over
     its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
     """
     if policy_loss not in POLICY_LOSSES:
@@ -199,10 +214,12 @@ def ppo_update(
     params = set_learning_rates(optimizer, lr, lr_scales)
 
     n = batch.actions.shape[0]
+    if n % group_size:
+        raise ValueError(f"a batch of {n} samples is not made of whole groups of {group_size}")
     stats: dict[str, list[Tensor]] = {k: [] for k in STAT_KEYS}
     early_stop, epochs_done = False, 0
     for _epoch in range(cfg.n_epochs):
-        for idx in torch.randperm(n, generator=generator).split(cfg.minibatch_size):
+        for idx in shuffled_minibatches(n, cfg.minibatch_size, generator, group_size):
             mb = minibatch(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
             loss, parts = minibatch_loss(logprobs, entropy, values, mb, cfg, clip_range, policy_loss, kl_loss_coef)

@@ -71,6 +71,69 @@ def test_logits_of_the_response_only_equal_the_full_logits(bases, arch, monkeypa
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_rows_that_share_a_prompt_share_its_forward_pass(bases, arch, monkeypatch):
+    """Rows with the same prompt (here 3 prompts over 6 rows, out of order) run it once, its KV cache repeated per
+    row: log-probs, entropies, hidden states and every parameter's gradient equal those of the plain forward
+    pass over each whole sequence, with LoRA (PEFT) too."""
+    from rlhf_toy.lm.models import causal_lm
+
+    model, tok = load_base(bases[arch])
+    rows = [0, 0, 1, 2, 1, 0]
+    prompt_ids, prompt_mask = pad_sequences(encode_prompts(tok, [PROMPTS[i] for i in rows]), tok.pad_token_id, "left")
+    first, index = causal_lm.distinct_prompts(prompt_ids, prompt_mask)
+    assert len(first) == 3 and torch.equal(prompt_ids[first][index], prompt_ids)
+    response = torch.randint(3, VOCAB, (6, 7), generator=torch.Generator().manual_seed(2))
+    weights = torch.randn(6, 7, generator=torch.Generator().manual_seed(3))
+    lora = add_lora(load_base(bases[arch])[0], LoraConfig(lora_r=4), "CAUSAL_LM")
+
+    def run(m, shared):
+        with monkeypatch.context() as patch:
+            if not shared:
+                patch.setattr(causal_lm, "shares_prompts", lambda _: False)
+            m.zero_grad(set_to_none=True)
+            out = response_logprobs(m, prompt_ids, prompt_mask, response, 0.7, return_hidden=True)
+        ((out[0] * weights).sum() + out[1].sum() + 0.1 * out[2].pow(2).sum()).backward()
+        return out, {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    for m in (model, lora):
+        assert causal_lm.shares_prompts(m)
+        (shared, grads), (plain, plain_grads) = run(m, True), run(m, False)
+        for a, b in zip(shared, plain):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+        assert grads.keys() == plain_grads.keys() and grads
+        for name in grads:
+            torch.testing.assert_close(grads[name], plain_grads[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reward_model_scores_replies_that_share_a_prompt_as_whole_sequences(bases, arch, monkeypatch):
+    """The reward model reads prompt + reply + EOS; replies sharing a prompt run on its repeated KV cache. The
+    scores equal those of the left-padded whole sequences: replies ended by EOS at several lengths, one cut at the
+    limit (EOS appended), one empty."""
+    from rlhf_toy.lm.models import reward_model as rmod
+
+    _, tok = load_base(bases[arch])
+    rm = rmod.reward_model_from(bases[arch], tok, "test")
+    rows = [1, 0, 1, 2, 0, 1]
+    prompt_ids, prompt_mask = pad_sequences(encode_prompts(tok, [PROMPTS[i] for i in rows]), tok.pad_token_id, "left")
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    response = torch.randint(3, VOCAB, (6, 8), generator=torch.Generator().manual_seed(4))
+    response[response == eos] = 3
+    lengths = [8, 3, 5, 1, 0, 6]  # real tokens; all but the first and the empty one end with EOS
+    mask = (torch.arange(8) < torch.tensor(lengths)[:, None]).long()
+    for r, n in enumerate(lengths):
+        if 0 < n < 8:
+            response[r, n - 1] = eos
+    response = torch.where(mask.bool(), response, pad)
+    shared = rmod.score_token_ids(rm, prompt_ids, prompt_mask, response, mask, eos, pad)
+    with monkeypatch.context() as patch:
+        patch.setattr(rmod, "forward_args", lambda _: frozenset())
+        plain = rmod.score_token_ids(rm, prompt_ids, prompt_mask, response, mask, eos, pad)
+    torch.testing.assert_close(shared, plain, atol=2e-5, rtol=1e-4)
+    assert plain.std() > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_sampled_log_probs_equal_a_forward_pass(bases, arch):
     """The log-probs and entropies `sample(with_logprobs=True)` takes from `generate`'s logits (left-padded prompts,
     KV cache, replies of unequal length) equal a forward pass over the whole sequences, on every real token."""

@@ -102,6 +102,22 @@ def test_same_seed_same_result():
         assert torch.equal(a, b)
 
 
+def test_minibatches_keep_groups_whole_and_one_sample_groups_are_a_plain_permutation():
+    from rlhf_toy.ppo import shuffled_minibatches
+
+    plain = shuffled_minibatches(64, 16, torch.Generator().manual_seed(5))
+    assert torch.equal(torch.cat(plain), torch.randperm(64, generator=torch.Generator().manual_seed(5)))
+    grouped = shuffled_minibatches(64, 16, torch.Generator().manual_seed(5), group_size=4)
+    assert len(grouped) == 4 and sorted(torch.cat(grouped).tolist()) == list(range(64))
+    for idx in grouped:  # 4 whole groups of 4 consecutive rows each, in a random order
+        groups = idx.view(4, 4)
+        assert torch.equal(groups - groups[:, :1], torch.arange(4).expand(4, 4)) and (groups[:, 0] % 4 == 0).all()
+    assert not torch.equal(torch.cat(grouped), torch.arange(64))
+    agent, batch = fixed_batch(B=64)
+    with pytest.raises(ValueError, match="whole groups of 3"):
+        ppo_update(agent, make_optimizer(agent.parameters(), PPOConfig()), batch, PPOConfig(), group_size=3)
+
+
 def test_lr_scales_set_each_groups_learning_rate():
     agent, batch = fixed_batch()
     cfg = PPOConfig(learning_rate=1e-3, anneal_lr=False, n_epochs=1)

@@ -254,7 +254,8 @@ class RLHFTrainer:
         stats = ppo_update(self.update_policy, self.optimizer, exp.batch, self.ppo,
                            progress=self.step_count / max(1, self.cfg.steps), generator=self.update_generator,
                            lr_scales=self.lr_scales, policy_loss=POLICY_LOSS[self.algorithm],
-                           kl_loss_coef=beta if self.algorithm == "grpo" and self.cfg.kl_in_loss else 0.0)
+                           kl_loss_coef=beta if self.algorithm == "grpo" and self.cfg.kl_in_loss else 0.0,
+                           group_size=self.cfg.group_size)  # RLOO's and GRPO's groups stay whole in minibatches
         self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
         mask = exp.batch.mask
         seq_kl = exp.kl.sum(1)

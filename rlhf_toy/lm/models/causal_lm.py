@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,16 +63,38 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[
     return log_pi.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(log_pi.exp() * log_pi).sum(-1)
 
 
-_KEEPS_LOGITS: dict[type, bool] = {}
+_FORWARD_ARGS: dict[type, frozenset[str]] = {}
+
+
+def forward_args(model) -> frozenset[str]:
+    """The argument names of the model's forward (a PEFT model's: those of the model it wraps, to which it
+    passes them on), cached per class."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(base) not in _FORWARD_ARGS:
+        _FORWARD_ARGS[type(base)] = frozenset(inspect.signature(base.forward).parameters)
+    return _FORWARD_ARGS[type(base)]
 
 
 def keeps_logits(model) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do; a PEFT model passes it
-    on to the model it wraps)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if type(base) not in _KEEPS_LOGITS:
-        _KEEPS_LOGITS[type(base)] = "logits_to_keep" in inspect.signature(base.forward).parameters
-    return _KEEPS_LOGITS[type(base)]
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do)."""
+    return "logits_to_keep" in forward_args(model)
+
+
+def shares_prompts(model) -> bool:
+    """Whether the model's forward takes a KV cache as `cache` and `logits_to_keep` (transformers 5's causal LMs):
+    then `response_logprobs` runs a prompt that several rows share only once."""
+    return {"cache", "logits_to_keep"} <= forward_args(model)
+
+
+def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """`[B, P]` prompts -> `(first [G], index [B])`: the row where each of the G distinct prompts first occurs, and
+    which distinct prompt each row holds (`prompt_ids[first][index] == prompt_ids`)."""
+    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)
+    _, index = torch.unique(rows, dim=0, return_inverse=True)
+    B = len(rows)
+    first = torch.full((int(index.max()) + 1,), B, device=rows.device).scatter_reduce_(
+        0, index, torch.arange(B, device=rows.device), "amin")
+    return first, index
 
 
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
@@ -81,10 +104,22 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     `prompt_ids/prompt_mask [B, P]` left-padded; `response_ids [B, R]` (any value after EOS).
     Returns `logprobs [B, R]`, `entropy [B, R]` (and the last hidden states at the positions that predict
     each response token, `[B, R, H]`, if `return_hidden`).
+
+    Rows that share a prompt (RLOO's and GRPO's k replies, DPO's chosen and rejected) share its forward pass
+    where the model allows it (`shares_prompts`): the prompt runs once, its keys and values are repeated for
+    each reply, and the replies run on top of them (the same numbers to float rounding, gradients included).
     """
     device = model_device(model)
-    ids = torch.cat([prompt_ids, response_ids], 1).to(device)
-    mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1).to(device)
+    prompt_ids, prompt_mask, response_ids = prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device)
+    if shares_prompts(model):
+        first, index = distinct_prompts(prompt_ids, prompt_mask)
+        if len(first) < len(prompt_ids):
+            logits, hidden = shared_prompt_forward(model, prompt_ids, prompt_mask, response_ids, first, index,
+                                                   return_hidden)
+            logprobs, entropy = token_logprobs(logits, response_ids, temperature)
+            return (logprobs, entropy, hidden) if return_hidden else (logprobs, entropy)
+    ids = torch.cat([prompt_ids, response_ids], 1)
+    mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1)
     P, R = prompt_ids.shape[1], response_ids.shape[1]
     # Only the last R + 1 positions' logits are needed: the LM head skips the prompt (for a real vocabulary,
     # 49k for SmolLM2, that is most of a [B, P + R, V] tensor). Models without the argument give them all.
@@ -96,3 +131,34 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     if return_hidden:
         return logprobs, entropy, out.hidden_states[-1][:, P - 1: P + R - 1]
     return logprobs, entropy
+
+
+def shared_prompt_forward(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, first: Tensor,
+                          index: Tensor, return_hidden: bool) -> tuple[Tensor, Tensor | None]:
+    """The logits `[B, R, V]` that predict each response token (and the last hidden states there, `[B, R, H]`),
+    with each distinct prompt `prompt_ids[first]` run once (`run_on_shared_prompts`)."""
+    head, tail = run_on_shared_prompts(model, prompt_ids, prompt_mask, response_ids, torch.ones_like(response_ids),
+                                       first, index, {"logits_to_keep": 1}, output_hidden_states=return_hidden)
+    # the prompt's last position predicts the first response token, response position t the token t + 1
+    logits = torch.cat([head.logits[index], tail.logits[:, :-1]], 1)
+    if not return_hidden:
+        return logits, None
+    return logits, torch.cat([head.hidden_states[-1][index, -1:], tail.hidden_states[-1][:, :-1]], 1)
+
+
+def run_on_shared_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, tail_ids: Tensor, tail_mask: Tensor,
+                          first: Tensor, index: Tensor, head_kwargs: dict[str, Any] | None = None,
+                          **kwargs: Any) -> tuple[Any, Any]:
+    """`model`'s outputs on the distinct prompts `prompt_ids[first]` (left-padded, `[G, P]`), then on each row's
+    tail `[B, T]` (right-padded by `tail_mask`) on top of its prompt's KV cache, repeated per row (`index`): the
+    forward pass of `[prompt, tail]` with each shared prompt computed once (transformers 5's `cache` argument;
+    gradients flow back through the repeated cache). `kwargs` go to both calls, `head_kwargs` to the first."""
+    ids, mask = prompt_ids[first], prompt_mask[first]
+    head = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
+                 **(head_kwargs or {}), **kwargs)
+    cache = head.cache
+    cache.reorder_cache(index)  # row b gets its prompt's keys and values (index_select)
+    full_mask = torch.cat([prompt_mask, tail_mask], 1)
+    tail = model(input_ids=tail_ids, attention_mask=full_mask,
+                 position_ids=position_ids(full_mask)[:, prompt_ids.shape[1]:], cache=cache, **kwargs)
+    return head, tail

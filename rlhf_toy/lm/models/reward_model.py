@@ -23,7 +23,7 @@ from torch import Tensor
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import last_real_index
 
-from .causal_lm import position_ids
+from .causal_lm import distinct_prompts, forward_args, position_ids, run_on_shared_prompts
 from .chat import encode_prompts, encode_responses, pad_sequences
 from .hf import model_device
 
@@ -92,8 +92,16 @@ def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: T
     """Normalized scores `[B]` of generated tokens as they are (no decode/re-encode round trip).
 
     A response cut at the length limit gets an EOS appended, so the reward model always reads the input shape
-    it was trained on.
+    it was trained on. Replies to the same prompt (RLOO's and GRPO's groups) share the prompt's forward pass
+    where the model allows it (`shared_prompt_scores`).
     """
+    trunk, _ = trunk_and_head(rm)
+    mask = response_mask.bool()
+    if "cache" in forward_args(trunk) and bool((mask[:, 1:] <= mask[:, :-1]).all()):  # masks cut after EOS
+        first, index = distinct_prompts(prompt_ids, prompt_mask)
+        if len(first) < len(prompt_ids):
+            return normalize(rm, shared_prompt_scores(rm, prompt_ids, prompt_mask, response_ids, mask, first, index,
+                                                      eos_id, pad_id))
     seqs = []
     for p, pm, r, rm_ in zip(prompt_ids.tolist(), prompt_mask.tolist(), response_ids.tolist(), response_mask.tolist()):
         resp = [t for t, keep in zip(r, rm_) if keep]
@@ -102,6 +110,27 @@ def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: T
         seqs.append([t for t, keep in zip(p, pm) if keep] + resp)
     ids, mask = pad_sequences(seqs, pad_id, "left")
     return normalize(rm, raw_scores(rm, ids, mask))
+
+
+def shared_prompt_scores(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, mask: Tensor,
+                         first: Tensor, index: Tensor, eos_id: int, pad_id: int) -> Tensor:
+    """`raw_scores` of prompt + reply + EOS, each distinct prompt `prompt_ids[first]` run once
+    (`causal_lm.run_on_shared_prompts`): the replies `[B, R]` (kept where `mask [B, R]`, a prefix of each row) then
+    run on their prompt's repeated KV cache, right-padded, and the score is read at each reply's last token."""
+    trunk, head = trunk_and_head(rm)
+    device = model_device(rm)
+    prompt_ids, prompt_mask, response_ids, mask = (t.to(device) for t in (prompt_ids, prompt_mask, response_ids, mask))
+    B, R = response_ids.shape
+    lengths = mask.sum(1)
+    last = response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+    needs_eos = (lengths == 0) | (last != eos_id)
+    tail = torch.cat([torch.where(mask, response_ids, pad_id), torch.full((B, 1), pad_id, device=device)], 1)
+    tail[needs_eos, lengths[needs_eos]] = eos_id
+    tail_lengths = lengths + needs_eos.long()
+    tail_mask = (torch.arange(R + 1, device=device) < tail_lengths[:, None]).long()
+    _, out = run_on_shared_prompts(trunk, prompt_ids, prompt_mask, tail, tail_mask, first, index)
+    hidden = out.last_hidden_state[torch.arange(B, device=device), tail_lengths - 1]
+    return head(hidden).squeeze(-1).float()
 
 
 def same_tokenizer(a, b) -> bool:
