@@ -127,7 +127,7 @@ def test_reward_model_scores_replies_that_share_a_prompt_as_whole_sequences(base
     response = torch.where(mask.bool(), response, pad)
     shared = rmod.score_token_ids(rm, prompt_ids, prompt_mask, response, mask, eos, pad)
     with monkeypatch.context() as patch:
-        patch.setattr(rmod, "forward_args", lambda _: frozenset())
+        patch.setattr(rmod, "takes_cache", lambda _: False)
         plain = rmod.score_token_ids(rm, prompt_ids, prompt_mask, response, mask, eos, pad)
     torch.testing.assert_close(shared, plain, atol=2e-5, rtol=1e-4)
     assert plain.std() > 0

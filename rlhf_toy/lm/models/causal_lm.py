@@ -80,10 +80,16 @@ def keeps_logits(model) -> bool:
     return "logits_to_keep" in forward_args(model)
 
 
+def takes_cache(model) -> bool:
+    """Whether the model's forward takes a KV cache as `cache` (transformers 5): what `run_on_shared_prompts`
+    needs."""
+    return "cache" in forward_args(model)
+
+
 def shares_prompts(model) -> bool:
-    """Whether the model's forward takes a KV cache as `cache` and `logits_to_keep` (transformers 5's causal LMs):
-    then `response_logprobs` runs a prompt that several rows share only once."""
-    return {"cache", "logits_to_keep"} <= forward_args(model)
+    """Whether `response_logprobs` can run a prompt that several rows share only once: the model takes a `cache`
+    and `logits_to_keep` (transformers 5's causal LMs)."""
+    return takes_cache(model) and keeps_logits(model)
 
 
 def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:

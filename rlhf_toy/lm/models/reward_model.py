@@ -23,7 +23,7 @@ from torch import Tensor
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import last_real_index
 
-from .causal_lm import distinct_prompts, forward_args, position_ids, run_on_shared_prompts
+from .causal_lm import distinct_prompts, position_ids, run_on_shared_prompts, takes_cache
 from .chat import encode_prompts, encode_responses, pad_sequences
 from .hf import model_device
 
@@ -97,7 +97,7 @@ def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: T
     """
     trunk, _ = trunk_and_head(rm)
     mask = response_mask.bool()
-    if "cache" in forward_args(trunk) and bool((mask[:, 1:] <= mask[:, :-1]).all()):  # masks cut after EOS
+    if takes_cache(trunk) and bool((mask[:, 1:] <= mask[:, :-1]).all()):  # masks cut after EOS
         first, index = distinct_prompts(prompt_ids, prompt_mask)
         if len(first) < len(prompt_ids):
             return normalize(rm, shared_prompt_scores(rm, prompt_ids, prompt_mask, response_ids, mask, first, index,
