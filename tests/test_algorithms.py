@@ -207,6 +207,28 @@ def test_compare_runs_every_method_and_draws_the_frontier(run_dir, tmp_path):
     assert (out / "compare.png").is_file() and "best-of-4" in (out / "compare.md").read_text()
 
 
+def test_a_named_comparison_passes_its_beta_and_minibatch_and_keeps_the_default_outputs(run_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    assert stage("compare", out, "--methods", "ppo", "--seeds", "0", "--episodes", "16", "--batch_size", "8",
+                 "--kl_coef", "0.05", "--minibatch_size", "8", "--name", "frontier", "--eval_prompts", "4",
+                 "--best_of", "1,2", "--judge", "tests.judges:length") == 0
+    ran = json.loads((out / "frontier_ppo_s0" / "ppo.json").read_text())
+    assert ran["config"]["kl_coef"] == 0.05 and ran["ppo"]["minibatch_size"] == 8 and ran["config"]["steps"] == 2
+    report = json.loads((out / "frontier.json").read_text())
+    assert report["settings"] == {"episodes": 16, "batch_size": 8, "kl_coef": 0.05, "minibatch_size": 8, "seeds": [0]}
+    assert (out / "frontier.png").is_file() and (out / "frontier.md").is_file()
+    assert not (out / "compare.json").exists() and not (out / "compare_ppo_s0").exists()
+
+
+@pytest.mark.parametrize("flag,value,fix", [("--name", "../elsewhere", "letters, digits"), ("--kl_coef", "-1", ">= 0"),
+                                            ("--minibatch_size", "128", "between 1 and batch_size (64)")])
+def test_a_comparison_with_a_bad_setting_is_one_error_line(run_dir, tmp_path, flag, value, fix, capsys):
+    assert stage("compare", tmp_path / "run", flag, value) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and flag.lstrip("-") in err[0] and fix in err[0]
+
+
 def test_a_gao_peak_far_beyond_the_fitted_range_is_reported_as_such():
     from rlhf_toy.lm.pipeline.compare import fit_gao, format_fit
 

@@ -6,12 +6,13 @@ policy is evaluated on the held-out prompts (gold, reward-model score, KL to the
 distinct-2) beside best-of-n from the SFT model. Gao et al.'s (2022) functional forms are fitted with d =
 sqrt(KL) and R = gold minus the SFT model's gold: best-of-n R = d (alpha - beta d) on its n = 1 ... 64 points,
 RL R = d (alpha - beta log d) on each method's training curve (the training batches' gold against their KL,
-averaged over seeds). Outputs: run_dir/compare.md, compare.json, compare.png.
+averaged over seeds). Outputs: run_dir/compare.md, compare.json, compare.png (`--name` picks another stem).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +40,11 @@ class CompareConfig:
     batch_size: int = option("Episodes per step for every online method (RLOO/GRPO: 16 prompts x 4).", 64)
     eval_prompts: int = option("Held-out prompts for every evaluation.", 200)
     best_of: str = option("n of the best-of-n frontier.", "1,2,4,8,16,32,64")
+    kl_coef: float | None = option("beta of every online method's KL penalty (None: RLHFConfig's 0.1).", None)
+    minibatch_size: int | None = option("Sequences per gradient step of every online method (None: each preset's, "
+                                        "at most batch_size).", None)
+    name: str = option("Name of this comparison: its outputs are run_dir/NAME.md, .json, .png and its runs "
+                       "run_dir/NAME_METHOD_sSEED (another name keeps an earlier comparison).", "compare")
     method_list: list[str] = derived()
     seed_list: list[int] = derived()
     best_of_ns: list[int] = derived()
@@ -52,6 +58,11 @@ class CompareConfig:
         check(self.batch_size >= 4 and self.batch_size % 4 == 0, "batch_size", self.batch_size, "a multiple of 4")
         check(self.episodes >= self.batch_size, "episodes", self.episodes, f">= batch_size ({self.batch_size})")
         check(self.eval_prompts >= 2, "eval_prompts", self.eval_prompts, ">= 2")
+        check(self.kl_coef is None or self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0, e.g. 0.1")
+        check(self.minibatch_size is None or 1 <= self.minibatch_size <= self.batch_size, "minibatch_size",
+              self.minibatch_size, f"between 1 and batch_size ({self.batch_size})")
+        check(bool(re.fullmatch(r"[A-Za-z0-9_.-]+", self.name)), "name", self.name,
+              "letters, digits, '_', '-' or '.' (it names files in the run directory)")
 
 
 def fit_gao(d: np.ndarray, r: np.ndarray, form: str) -> dict[str, float]:
@@ -114,15 +125,17 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
     for seed in cfg.seed_list:
         seeded = replace(run, seed=seed)
         for method in cfg.method_list:
-            name = f"compare_{method}_s{seed}"
+            name = f"{cfg.name}_{method}_s{seed}"
             t0 = time.perf_counter()
             if method == "dpo":
                 summary = stage_dpo(seeded, DPOConfig(), DPODirConfig(name))
             else:
+                beta = {} if cfg.kl_coef is None else {"kl_coef": cfg.kl_coef}
                 rl = RLHFConfig(steps=cfg.episodes // cfg.batch_size, batch_size=cfg.batch_size,
-                                group_size=default_group_size(method), save_every=0)
+                                group_size=default_group_size(method), save_every=0, **beta)
                 preset = PRESETS[method]  # a batch smaller than the preset's minibatch is one minibatch
-                preset = replace(preset, minibatch_size=min(preset.minibatch_size, cfg.batch_size))
+                preset = replace(preset, minibatch_size=cfg.minibatch_size or min(preset.minibatch_size,
+                                                                                  cfg.batch_size))
                 summary = stage_ppo(seeded, rl, preset, ResumeConfig(ppo_dir=name), None, method)
                 curves[method].append(read_jsonl(rd.ppo(name).metrics))
             wall = time.perf_counter() - t0
@@ -131,9 +144,11 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
             row.update(seed=seed, wall_s=wall, episodes_per_s=summary.get("episodes_per_s"))
             results[method].append(row)
     report = summarize(sft_row, bon, results, curves)
-    rd.save_json(rd.report("compare.json"), report)
-    rd.save_text(rd.report("compare.md"), report["table"])
-    plot_frontier(report, curves, rd.report("compare.png"))
+    report["settings"] = {"episodes": cfg.episodes, "batch_size": cfg.batch_size, "kl_coef": cfg.kl_coef,
+                          "minibatch_size": cfg.minibatch_size, "seeds": cfg.seed_list}
+    rd.save_json(rd.report(f"{cfg.name}.json"), report)
+    rd.save_text(rd.report(f"{cfg.name}.md"), report["table"])
+    plot_frontier(report, curves, rd.report(f"{cfg.name}.png"))
     print(report["table"])
     return report
 
