@@ -98,8 +98,10 @@ def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
 def mlp(n_in: int, n_out: int, hidden: int, out_gain: float) -> nn.Sequential:
     """n_in -> hidden -> hidden -> n_out with tanh, hidden gains sqrt(2), output gain `out_gain`."""
     return nn.Sequential(
-        _layer(n_in, hidden, math.sqrt(2)), Tanh(),
-        _layer(hidden, hidden, math.sqrt(2)), Tanh(),
+        _layer(n_in, hidden, math.sqrt(2)),
+        Tanh(),
+        _layer(hidden, hidden, math.sqrt(2)),
+        Tanh(),
         _layer(hidden, n_out, out_gain),
     )
 
@@ -147,8 +149,9 @@ class MLPActorCritic(nn.Module):
         return actions, log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
     @torch.no_grad()
-    def predict(self, obs: np.ndarray | Tensor, deterministic: bool = True,
-                generator: torch.Generator | None = None) -> np.ndarray:
+    def predict(
+        self, obs: np.ndarray | Tensor, deterministic: bool = True, generator: torch.Generator | None = None
+    ) -> np.ndarray:
         """Actions for observations `[obs_dim]` or `[B, obs_dim]` (numpy in, numpy out).
 
         Deterministic = the most probable action; otherwise a sample from the policy.

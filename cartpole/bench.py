@@ -15,11 +15,16 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
+
+from .population import train_population
+from .settings import CARTPOLE_PPO, TrainConfig
+from .train import train
 
 
 def sb3_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> dict[str, Any]:
     """SB3 PPO with the rl-baselines3-zoo CartPole-v1 hyperparameters (hyperparams/ppo.yml)."""
-    import torch
+    # stable-baselines3 is the optional 'bench' extra: imported only when the peer runs.
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -40,42 +45,75 @@ def sb3_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> di
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    linear = lambda v: (lambda p: p * v)  # noqa: E731
-    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-                ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu")
+    linear = lambda v: lambda p: p * v  # noqa: E731
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        seed=seed,
+        device="cpu",
+    )
     cb = Solved(t0)
     model.learn(total_steps, callback=cb)
-    return {"peer": "sb3", "seed": seed, "solved_s": cb.solved[0] if cb.solved else None,
-            "solved_step": cb.solved[1] if cb.solved else None, "wall_s": time.perf_counter() - t0,
-            "last20_mean": float(np.mean(cb.returns[-20:]))}
+    return {
+        "peer": "sb3",
+        "seed": seed,
+        "solved_s": cb.solved[0] if cb.solved else None,
+        "solved_step": cb.solved[1] if cb.solved else None,
+        "wall_s": time.perf_counter() - t0,
+        "last20_mean": float(np.mean(cb.returns[-20:])),
+    }
 
 
 def ours_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> dict[str, Any]:
-    from .train import TrainConfig, train
-
     with tempfile.TemporaryDirectory() as out:
-        s = train(TrainConfig(seed=seed, total_steps=total_steps, threads=threads, out=out, progress=False,
-                              tensorboard=False, plot=False))
+        s = train(
+            TrainConfig(
+                seed=seed,
+                total_steps=total_steps,
+                threads=threads,
+                out=out,
+                progress=False,
+                tensorboard=False,
+                plot=False,
+            )
+        )
     return {"peer": "rlhf-toy", **s}
 
 
 def population_wall(seeds: int, threads: int, total_steps: int = 100_000, workers: int = 1) -> dict[str, Any]:
     """Wall time of a population of `seeds` agents (seeds 0..N-1), each trained for `total_steps`, split over
     `workers` processes (`TrainConfig.workers`)."""
-    import torch
-
-    from .population import train_population
-    from .train import CARTPOLE_PPO, TrainConfig
-
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        cfg = TrainConfig(total_steps=total_steps, threads=threads, out=out, progress=False, tensorboard=False,
-                          plot=False, seeds=f"0-{seeds - 1}", workers=workers)
+        cfg = TrainConfig(
+            total_steps=total_steps,
+            threads=threads,
+            out=out,
+            progress=False,
+            tensorboard=False,
+            plot=False,
+            seeds=f"0-{seeds - 1}",
+            workers=workers,
+        )
         s = train_population(cfg, list(range(seeds)), CARTPOLE_PPO)["summary"]
-    return {"peer": f"population-{seeds}", "seeds": seeds, "workers": workers, "wall_s": time.perf_counter() - t0,
-            "fraction_solved": s["fraction_solved"], "median_solved_step": s["solved_step"]["median"],
-            "median_eval_mean": s["eval_mean"]["median"]}
+    return {
+        "peer": f"population-{seeds}",
+        "seeds": seeds,
+        "workers": workers,
+        "wall_s": time.perf_counter() - t0,
+        "fraction_solved": s["fraction_solved"],
+        "median_solved_step": s["solved_step"]["median"],
+        "median_eval_mean": s["eval_mean"]["median"],
+    }
 
 
 RUNNERS = {"sb3": sb3_time_to_solve, "rlhf-toy": ours_time_to_solve, "population": population_wall}
@@ -85,13 +123,16 @@ def run_in_subprocess(peer: str, seed: int, threads: int, total_steps: int, **kw
     """One run in a fresh interpreter, so that no run inherits another's warm caches (`kwargs` go to the runner)."""
     # torch.optim imports torch._dynamo on the first optimizer (~0.65 s here); both peers pay it before
     # their clocks start, so the figure compares training, not a one-time import.
-    code = ("import json, sys, torch._dynamo; from cartpole.bench import RUNNERS; "  # population: seed = N
-            f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps}, **{kwargs!r})))")
+    code = (
+        "import json, sys, torch._dynamo; from cartpole.bench import RUNNERS; "  # population: seed = N
+        f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps}, **{kwargs!r})))"
+    )
     env_vars = {"OMP_NUM_THREADS": str(threads)}
     import os
 
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env_vars}, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env_vars}, check=False
+    )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         return {"peer": peer, "seed": seed, "error": tail[0]}
@@ -129,8 +170,14 @@ def compare(seeds: list[int], peers: list[str], threads: int, total_steps: int) 
     return report
 
 
-def population_curve(sizes: list[int], threads: int, total_steps: int, population_threads: int | None = None,
-                     repeats: int = 1, workers: int = 1) -> dict[str, Any]:
+def population_curve(
+    sizes: list[int],
+    threads: int,
+    total_steps: int,
+    population_threads: int | None = None,
+    repeats: int = 1,
+    workers: int = 1,
+) -> dict[str, Any]:
     """Wall time against population size, beside one single run (`cartpole train`, seed 0) measured in the same
     session: `repeats` rounds of [single run, each size], each run in a fresh process, so that machine drift hits
     every size alike; the report gives medians and the ratio of medians. The single run uses `threads`, the
@@ -148,9 +195,22 @@ def population_curve(sizes: list[int], threads: int, total_steps: int, populatio
     populations = []
     for n in sizes:
         wall = median_or_none([r.get("wall_s") for r in rows[n]])
-        populations.append({"seeds": n, "median_wall_s": wall, "walls_s": [r.get("wall_s") for r in rows[n]],
-                            "fraction_solved": [r.get("fraction_solved") for r in rows[n]],
-                            "ratio_to_single_run": wall / base if wall and base else None})
-    return {"threads": threads, "population_threads": pop_threads, "workers": workers,
-            "total_steps_per_seed": total_steps, "repeats": repeats, "single_run_median_wall_s": base,
-            "single_run_walls_s": [r.get("wall_s") for r in singles], "populations": populations}
+        populations.append(
+            {
+                "seeds": n,
+                "median_wall_s": wall,
+                "walls_s": [r.get("wall_s") for r in rows[n]],
+                "fraction_solved": [r.get("fraction_solved") for r in rows[n]],
+                "ratio_to_single_run": wall / base if wall and base else None,
+            }
+        )
+    return {
+        "threads": threads,
+        "population_threads": pop_threads,
+        "workers": workers,
+        "total_steps_per_seed": total_steps,
+        "repeats": repeats,
+        "single_run_median_wall_s": base,
+        "single_run_walls_s": [r.get("wall_s") for r in singles],
+        "populations": populations,
+    }

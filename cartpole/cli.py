@@ -49,7 +49,7 @@ class WatchConfig:
 
 
 def _watch(cfg: WatchConfig) -> int:
-    from .watch import watch
+    from .watch import watch  # not at the top: importing it sets SDL's off-screen drivers, for watching only
 
     agent, meta = load_agent(cfg.checkpoint)
     counts = watch(agent, meta.get("env_id", "CartPole-v1"), cfg.out, cfg.seed, cfg.max_steps, cfg.every)
@@ -66,8 +66,18 @@ def _eval(cfg: EvalConfig) -> int:
     agent, meta = load_agent(cfg.checkpoint)
     env_id = cfg.env_id or meta.get("env_id", "CartPole-v1")
     returns = evaluate(agent, env_id, cfg.episodes, seed=cfg.seed, deterministic=not cfg.stochastic)
-    print(json.dumps({"env_id": env_id, "episodes": cfg.episodes, "mean": float(np.mean(returns)),
-                      "std": float(np.std(returns)), "min": min(returns), "max": max(returns)}))
+    print(
+        json.dumps(
+            {
+                "env_id": env_id,
+                "episodes": cfg.episodes,
+                "mean": float(np.mean(returns)),
+                "std": float(np.std(returns)),
+                "min": min(returns),
+                "max": max(returns),
+            }
+        )
+    )
     return 0
 
 
@@ -80,13 +90,19 @@ def _lesson(name: str) -> Command:
 
 
 COMMANDS = {
-    "train": Command("Train a PPO agent; prints one JSON summary line.", (TrainConfig, PPOConfig), _train,
-                     defaults=CARTPOLE_PPO),
+    "train": Command(
+        "Train a PPO agent; prints one JSON summary line.", (TrainConfig, PPOConfig), _train, defaults=CARTPOLE_PPO
+    ),
     "eval": Command("Evaluate a saved agent; prints mean and std return as JSON.", (EvalConfig,), _eval),
     "watch": Command("Render a trained and an untrained agent to animated GIFs.", (WatchConfig,), _watch),
-    "lesson": Group("The lesson's Build and Break exercises over several seeds.", {
-        "build": _lesson("build"), "break-baseline": _lesson("break_baseline"), "break-clip": _lesson("break_clip"),
-    }),
+    "lesson": Group(
+        "The lesson's Build and Break exercises over several seeds.",
+        {
+            "build": _lesson("build"),
+            "break-baseline": _lesson("break_baseline"),
+            "break-clip": _lesson("break_clip"),
+        },
+    ),
 }
 
 

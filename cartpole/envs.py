@@ -11,8 +11,9 @@ from rlhf_toy.errors import UserError
 AutoresetMode = gym.vector.AutoresetMode
 
 
-def make_vec_env(env_id: str, num_envs: int, *, render_mode: str | None = None,
-                 autoreset_mode: AutoresetMode | None = None) -> gym.vector.VectorEnv:
+def make_vec_env(
+    env_id: str, num_envs: int, *, render_mode: str | None = None, autoreset_mode: AutoresetMode | None = None
+) -> gym.vector.VectorEnv:
     """`gym.make_vec` with the env's native vectorized version when it has one (CartPole does).
 
     Refuses, with a one-line `UserError`, ids that do not exist and envs the MLP agent cannot drive.
@@ -23,16 +24,18 @@ def make_vec_env(env_id: str, num_envs: int, *, render_mode: str | None = None,
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as exc:
-        raise UserError(f"unknown environment '{env_id}' ({exc}); pass a registered gymnasium id such as "
-                        "CartPole-v1 or Acrobot-v1") from exc
+        raise UserError(
+            f"unknown environment '{env_id}' ({exc}); pass a registered gymnasium id such as CartPole-v1 or Acrobot-v1"
+        ) from exc
     kwargs: dict[str, Any] = {"render_mode": render_mode} if render_mode else {}
     if autoreset_mode is None and spec.vector_entry_point is not None:
         envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
     else:
         vector_kwargs = {"autoreset_mode": autoreset_mode} if autoreset_mode is not None else {}
         try:
-            envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                                vector_kwargs=vector_kwargs, **kwargs)
+            envs = gym.make_vec(
+                env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs, **kwargs
+            )
         except gym.error.DependencyNotInstalled as exc:
             raise UserError(f"environment '{env_id}' needs an extra package: {exc}") from exc
     check_spaces(envs, env_id)
@@ -49,8 +52,10 @@ def check_spaces(envs: gym.vector.VectorEnv, env_id: str) -> None:
         problems.append(f"observation space {obs} is not a flat Box")
     if problems:
         envs.close()
-        raise UserError(f"environment '{env_id}' is not supported: {'; '.join(problems)}. The MLP agent needs "
-                        "a Discrete action space and a flat Box observation (e.g. CartPole-v1, Acrobot-v1)")
+        raise UserError(
+            f"environment '{env_id}' is not supported: {'; '.join(problems)}. The MLP agent needs "
+            "a Discrete action space and a flat Box observation (e.g. CartPole-v1, Acrobot-v1)"
+        )
     mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
         envs.close()

@@ -17,8 +17,14 @@ from .agent import MLPActorCritic
 from .envs import AutoresetMode, make_vec_env
 
 
-def evaluate(agent: MLPActorCritic, env_id: str, n_episodes: int = 20, seed: int = 10_000,
-             deterministic: bool = True, max_steps: int = 100_000) -> list[float]:
+def evaluate(
+    agent: MLPActorCritic,
+    env_id: str,
+    n_episodes: int = 20,
+    seed: int = 10_000,
+    deterministic: bool = True,
+    max_steps: int = 100_000,
+) -> list[float]:
     """Run one episode in each of `n_episodes` sub-envs (seeded `seed`, `seed+1`, ...). Returns their returns.
 
     Each sub-env's first episode counts; the loop stops when all have finished (or after `max_steps`).
@@ -29,8 +35,9 @@ def evaluate(agent: MLPActorCritic, env_id: str, n_episodes: int = 20, seed: int
     return play_first_episodes(envs, policy, seed, max_steps).tolist()
 
 
-def play_first_episodes(envs: gym.vector.VectorEnv, policy: Callable[[np.ndarray], np.ndarray], seed: int,
-                        max_steps: int = 100_000) -> np.ndarray:
+def play_first_episodes(
+    envs: gym.vector.VectorEnv, policy: Callable[[np.ndarray], np.ndarray], seed: int, max_steps: int = 100_000
+) -> np.ndarray:
     """The return of each sub-env's first episode `[num_envs]`, one batched `policy(obs) -> actions` per step.
     Closes `envs`."""
     try:

@@ -25,55 +25,37 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from rlhf_toy.config import check, option
 from rlhf_toy.io import atomic_write_text
 from rlhf_toy.logging import markdown_table, moving_average, plt_module, save_figure
 from rlhf_toy.ppo import PPOConfig
 
-from .train import TrainConfig
+from .population import train_population
+from .reinforce import ReinforceConfig, train_reinforce_population
+from .settings import TrainConfig
 
-# The lesson's PPO (its Build answer, `ppo(iterations=40, steps=2048, epochs=10, clip=0.2, lr=3e-4)`), as one
-# complete PPOConfig; run with one env and 2048-step batches (`lesson_train_config`). Comments mark what
-# differs from PPOConfig's defaults. Nothing is annealed: the lesson's clip range and learning rate are constant.
+# The lesson's PPO (its Build answer, `ppo(iterations=40, steps=2048, epochs=10, clip=0.2, lr=3e-4)`), as
+# PPOConfig's defaults plus its differences; run with one env and 2048-step batches (`lesson_train_config`).
+# Nothing is annealed: the lesson's clip range and learning rate are constant.
 LESSON_PPO = PPOConfig(
-    learning_rate=3e-4,
-    anneal_lr=False,  # differs (True): the lesson's Adam runs at a constant lr
-    n_epochs=10,
-    minibatch_size=256,  # differs (64): `torch.randperm(steps).split(256)`
-    gamma=0.99,
-    gae_lambda=0.95,
-    clip=True,
-    clip_range=0.2,
-    anneal_clip=False,
-    clip_range_vf=None,
-    normalize_advantages=True,  # the lesson normalizes over the whole batch, we per minibatch (README)
-    ent_coef=0.0,
-    vf_coef=0.5,
-    max_grad_norm=None,  # differs (0.5): the lesson does not clip gradients
-    target_kl=None,
-    adam_eps=1e-5,  # the lesson uses Adam's default 1e-8 (README lists the differences)
+    anneal_lr=False,  # the lesson's Adam runs at a constant lr
+    minibatch_size=256,  # `torch.randperm(steps).split(256)`
+    # normalize_advantages stays True: the lesson normalizes over the whole batch, we per minibatch (docs)
+    max_grad_norm=None,  # the lesson does not clip gradients
+    # adam_eps stays 1e-5: the lesson uses Adam's default 1e-8 (docs list the differences)
 )
 
 # The lesson's Break-the-clip run, `ppo(iterations=25, epochs=30, lr=3e-3, clip=...)`: deliberately large
-# updates. One complete PPOConfig; the experiment's other arm is this preset with `clip=False`, nothing else.
+# updates. The experiment's other arm is this preset with `clip=False`, nothing else.
 LESSON_BREAK_CLIP_PPO = PPOConfig(
-    learning_rate=3e-3,  # differs (3e-4): 10x the lesson's lr, on purpose
-    anneal_lr=False,  # differs (True): constant, as in the lesson
-    n_epochs=30,  # differs (10): 30 epochs per batch, on purpose
-    minibatch_size=256,  # differs (64): as in the lesson
-    gamma=0.99,
-    gae_lambda=0.95,
-    clip=True,  # the experiment compares this with clip=False
-    clip_range=0.2,
-    anneal_clip=False,
-    clip_range_vf=None,
-    normalize_advantages=True,
-    ent_coef=0.0,
-    vf_coef=0.5,
-    max_grad_norm=None,  # differs (0.5): the lesson does not clip gradients
-    target_kl=None,
-    adam_eps=1e-5,
+    learning_rate=3e-3,  # 10x the lesson's lr, on purpose
+    anneal_lr=False,  # constant, as in the lesson
+    n_epochs=30,  # 30 epochs per batch, on purpose
+    minibatch_size=256,  # as in the lesson
+    # clip stays True: the experiment compares this with clip=False
+    max_grad_norm=None,  # the lesson does not clip gradients
 )
 LESSON_STEPS = 2048  # env steps per batch, one env: `ppo(steps=2048)`
 
@@ -106,10 +88,6 @@ class Run:
 def run_reinforce(variant: str, seeds: list[int], episodes: int, baseline: bool) -> list[Run]:
     """Every seed's REINFORCE run at once, as one population (`cartpole.reinforce`). Each run's `wall_s` is the
     population's wall time divided by the number of seeds."""
-    import torch
-
-    from .reinforce import ReinforceConfig, train_reinforce_population
-
     torch.set_num_threads(1)
     logs = train_reinforce_population(ReinforceConfig(episodes=episodes, baseline=baseline), seeds)
     return [Run(variant, seed, log.returns, log.env_steps, log.wall_s) for seed, log in zip(seeds, logs)]
@@ -117,15 +95,24 @@ def run_reinforce(variant: str, seeds: list[int], episodes: int, baseline: bool)
 
 def lesson_train_config(seed: int, iterations: int, out: str) -> TrainConfig:
     """The lesson's PPO run layout: one env, 2048-step batches, `iterations` batches, no periodic evaluation."""
-    return TrainConfig(seed=seed, num_envs=1, n_steps=LESSON_STEPS, total_steps=iterations * LESSON_STEPS, out=out,
-                       eval_every=0, eval_episodes=1, progress=False, tensorboard=False, plot=False, threads=1)
+    return TrainConfig(
+        seed=seed,
+        num_envs=1,
+        n_steps=LESSON_STEPS,
+        total_steps=iterations * LESSON_STEPS,
+        out=out,
+        eval_every=0,
+        eval_episodes=1,
+        progress=False,
+        tensorboard=False,
+        plot=False,
+        threads=1,
+    )
 
 
 def run_ppo(variant: str, seeds: list[int], iterations: int, ppo: PPOConfig) -> list[Run]:
     """Every seed's PPO run at once, as one population (one env per agent, as in the lesson). Each run's
     `wall_s` is the population's wall time divided by the number of seeds."""
-    from .population import train_population
-
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         trackers = train_population(lesson_train_config(seeds[0], iterations, out), seeds, ppo)["trackers"]
@@ -149,9 +136,11 @@ def experiment_jobs(name: str, seeds: int, tiny: bool) -> list[tuple[Any, tuple[
     }[name]
 
 
-VARIANT_ORDER = {"build": ["REINFORCE + baseline", "PPO"],
-                 "break_baseline": ["REINFORCE + baseline", "REINFORCE, no baseline"],
-                 "break_clip": ["PPO, clip 0.2", "PPO, no clip"]}
+VARIANT_ORDER = {
+    "build": ["REINFORCE + baseline", "PPO"],
+    "break_baseline": ["REINFORCE + baseline", "REINFORCE, no baseline"],
+    "break_clip": ["PPO, clip 0.2", "PPO, no clip"],
+}
 
 
 def run_experiment(name: str, cfg: LessonConfig) -> list[Run]:
@@ -172,8 +161,15 @@ COLUMNS = ["last20_mean", "last50_mean", "last50_std", "best", "episodes", "env_
 
 def run_metrics(run: Run) -> dict[str, float]:
     r = np.asarray(run.returns, dtype=float)
-    return {"last20_mean": r[-20:].mean(), "last50_mean": r[-50:].mean(), "last50_std": r[-50:].std(),
-            "best": r.max(), "episodes": len(r), "env_steps": run.env_steps[-1], "wall_s": run.wall_s}
+    return {
+        "last20_mean": r[-20:].mean(),
+        "last50_mean": r[-50:].mean(),
+        "last50_std": r[-50:].std(),
+        "best": r.max(),
+        "episodes": len(r),
+        "env_steps": run.env_steps[-1],
+        "wall_s": run.wall_s,
+    }
 
 
 def summarize(runs: list[Run]) -> list[dict[str, Any]]:
@@ -192,12 +188,31 @@ def summarize(runs: list[Run]) -> list[dict[str, Any]]:
 
 def lesson_table(rows: list[dict[str, Any]]) -> str:
     """The experiment's markdown table: each metric as mean +/- std across seeds, then the per-seed last-20."""
-    head = ["variant", "seeds", "mean of last 20", "mean of last 50", "noise: std of last 50", "best", "episodes",
-            "env steps", "wall s", "last-20 mean per seed"]
+    head = [
+        "variant",
+        "seeds",
+        "mean of last 20",
+        "mean of last 50",
+        "noise: std of last 50",
+        "best",
+        "episodes",
+        "env steps",
+        "wall s",
+        "last-20 mean per seed",
+    ]
     digits = {c: 1 if c == "wall_s" else 0 for c in COLUMNS}
-    return markdown_table(head, [[r["variant"], r["seeds"],
-                                  *(f"{r[c + '_mean']:.{digits[c]}f} ± {r[c + '_std']:.{digits[c]}f}" for c in COLUMNS),
-                                  r["per_seed_last20"]] for r in rows])
+    return markdown_table(
+        head,
+        [
+            [
+                r["variant"],
+                r["seeds"],
+                *(f"{r[c + '_mean']:.{digits[c]}f} ± {r[c + '_std']:.{digits[c]}f}" for c in COLUMNS),
+                r["per_seed_last20"],
+            ]
+            for r in rows
+        ],
+    )
 
 
 def csv_text(rows: list[dict[str, Any]]) -> str:

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from rlhf_toy.logging import moving_average, plt_module, save_figure
 
 
-def plot_learning_curve(returns: Sequence[float], threshold: float | None, path: str | os.PathLike[str],
-                        title: str) -> None:
+def plot_learning_curve(
+    returns: Sequence[float], threshold: float | None, path: str | os.PathLike[str], title: str
+) -> None:
     """Episode returns and their 20-episode moving average against the episode index."""
     plt = plt_module()
     fig, ax = plt.subplots(figsize=(6, 3.5))

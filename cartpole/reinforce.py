@@ -28,7 +28,7 @@ from rlhf_toy.masks import Dims
 
 from .agent import MLPActorCritic
 from .envs import make_vec_env
-from .population import PopulationMLPActorCritic, build_population
+from .stacked import PopulationMLPActorCritic, build_population
 
 UNIFORMS_CHUNK = 512  # uniform numbers an agent draws at a time for its actions (CartPole's episodes: <= 500 steps)
 
@@ -57,8 +57,9 @@ class EpisodeLog:
     wall_s: float = 0.0
 
 
-def run_episode(env: gym.Env, agent: MLPActorCritic, generator: torch.Generator,
-                seed: int | None) -> tuple[Tensor, Tensor, Tensor]:
+def run_episode(
+    env: gym.Env, agent: MLPActorCritic, generator: torch.Generator, seed: int | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """Play one episode of one agent in a plain env, sampling as training does. Returns `(observations
     [T, obs_dim], actions [T], rewards [T])`."""
     [(obs, actions, rewards)] = play_episodes([env], agent_actions(agent), [generator], [seed])
@@ -70,8 +71,9 @@ def agent_actions(agent: MLPActorCritic | PopulationMLPActorCritic):
     return lambda obs, uniforms: agent.act(obs, uniforms)[0]
 
 
-def play_episodes(envs: list[gym.Env], act, generators: list[torch.Generator],
-                  seeds: list[int | None]) -> list[tuple[Tensor, Tensor, Tensor]]:
+def play_episodes(
+    envs: list[gym.Env], act, generators: list[torch.Generator], seeds: list[int | None]
+) -> list[tuple[Tensor, Tensor, Tensor]]:
     """One episode in each env at once (env k reset with `seeds[k]`, actions of agent k drawn with
     `generators[k]`), one batched `act` per step until every episode has ended. Returns each episode's
     `(observations [T_k, obs_dim], actions [T_k], rewards [T_k])`."""
@@ -95,12 +97,19 @@ def play_episodes(envs: list[gym.Env], act, generators: list[torch.Generator],
                 still.append(k)
         running = still
         t += 1
-    return [(torch.from_numpy(np.stack([h[0] for h in hist])), torch.tensor([h[1] for h in hist]),
-             torch.tensor([h[2] for h in hist])) for hist in history]
+    return [
+        (
+            torch.from_numpy(np.stack([h[0] for h in hist])),
+            torch.tensor([h[1] for h in hist]),
+            torch.tensor([h[2] for h in hist]),
+        )
+        for hist in history
+    ]
 
 
-def reinforce_loss(logprobs: Tensor, values: Tensor, returns: Tensor, mask: Tensor, baseline: bool,
-                   dim: Dims = None) -> Tensor:
+def reinforce_loss(
+    logprobs: Tensor, values: Tensor, returns: Tensor, mask: Tensor, baseline: bool, dim: Dims = None
+) -> Tensor:
     """The lesson's loss on one episode: -mean(log pi * A) (+ value MSE with a baseline). `[T]` tensors (padding
     where `mask` is 0) -> scalar; `[N, T]` with `dim=1` -> one loss per agent `[N]`."""
     advantages = returns - values.detach() if baseline else returns
@@ -117,7 +126,7 @@ def padded(episodes: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tenso
     actions, rewards = torch.zeros(len(episodes), T, dtype=torch.long), torch.zeros(len(episodes), T)
     mask = torch.zeros(len(episodes), T, dtype=torch.bool)
     for k, (o, a, r) in enumerate(episodes):
-        obs[k, :len(r)], actions[k, :len(r)], rewards[k, :len(r)], mask[k, :len(r)] = o, a, r, True
+        obs[k, : len(r)], actions[k, : len(r)], rewards[k, : len(r)], mask[k, : len(r)] = o, a, r, True
     return obs, actions, rewards, mask
 
 
@@ -164,8 +173,9 @@ def train_reinforce(cfg: ReinforceConfig) -> EpisodeLog:
     return train_reinforce_population(cfg, [cfg.seed])[0]
 
 
-def gradient_variance(agent: MLPActorCritic, episodes: list[tuple[Tensor, Tensor, Tensor]],
-                      gamma: float, baseline: bool) -> float:
+def gradient_variance(
+    agent: MLPActorCritic, episodes: list[tuple[Tensor, Tensor, Tensor]], gamma: float, baseline: bool
+) -> float:
     """Total variance (trace of the covariance) of the per-episode policy-gradient estimates."""
     grads = []
     actor_params = list(agent.actor.parameters())

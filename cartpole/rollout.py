@@ -65,8 +65,9 @@ class RolloutCollector:
         self.env_steps = 0
 
     @torch.no_grad()
-    def collect(self, agent: MLPActorCritic, n_steps: int,
-                generator: torch.Generator | list[torch.Generator]) -> Rollout:
+    def collect(
+        self, agent: MLPActorCritic, n_steps: int, generator: torch.Generator | list[torch.Generator]
+    ) -> Rollout:
         """Step the envs `n_steps` times with `agent.act`; then the critic values every observation at once (one
         forward pass instead of one a step). A population passes one generator per agent."""
         T, N = n_steps, self.num_envs
@@ -93,8 +94,9 @@ class RolloutCollector:
             if done.any():
                 now = time.perf_counter()
                 for i in np.flatnonzero(done):
-                    episodes.append(Episode(float(self.ep_return[i]), int(self.ep_length[i]), self.env_steps, now,
-                                            int(i)))
+                    episodes.append(
+                        Episode(float(self.ep_return[i]), int(self.ep_length[i]), self.env_steps, now, int(i))
+                    )
                     if self.same_step and truncated[i]:
                         final_obs.append((t, int(i), info["final_obs"][i]))
                 self.ep_return[done], self.ep_length[done] = 0.0, 0
@@ -107,5 +109,15 @@ class RolloutCollector:
         if final_obs:  # SAME_STEP: the value after a truncation is that of the final, not the reset, obs
             ts, envs, obs = zip(*final_obs)
             next_values[list(ts), list(envs)] = agent.value(torch.as_tensor(np.stack(obs), dtype=torch.float32))
-        return Rollout(obs_buf, act_buf, logp_buf, val_buf, next_values, torch.from_numpy(rew),
-                       torch.from_numpy(term), torch.from_numpy(trunc), torch.from_numpy(mask), episodes)
+        return Rollout(
+            obs_buf,
+            act_buf,
+            logp_buf,
+            val_buf,
+            next_values,
+            torch.from_numpy(rew),
+            torch.from_numpy(term),
+            torch.from_numpy(trunc),
+            torch.from_numpy(mask),
+            episodes,
+        )

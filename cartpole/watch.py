@@ -19,8 +19,15 @@ from rlhf_toy.io import atomic_write
 from .agent import MLPActorCritic
 
 
-def record_episode(agent: MLPActorCritic, env_id: str, label: str, seed: int = 0, max_steps: int = 500,
-                   every: int = 2, scale: float = 0.5) -> tuple[list[Image.Image], int, float]:
+def record_episode(
+    agent: MLPActorCritic,
+    env_id: str,
+    label: str,
+    seed: int = 0,
+    max_steps: int = 500,
+    every: int = 2,
+    scale: float = 0.5,
+) -> tuple[list[Image.Image], int, float]:
     """Play one deterministic episode from `rgb_array` frames. Returns `(frames, steps, return)`.
 
     Keeps the first frame, every `every`-th step's frame and the last one, resized by `scale`, with `label`, the
@@ -55,12 +62,22 @@ def write_gif(frames: list[Image.Image], path: str | os.PathLike[str], fps: int 
     """An animated, looping GIF, written atomically."""
     if not frames:
         raise UserError("no frames to write")
-    atomic_write(path, lambda tmp: frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:],
-                                                  duration=int(1000 / fps), loop=0))
+    atomic_write(
+        path,
+        lambda tmp: frames[0].save(
+            tmp, format="GIF", save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0
+        ),
+    )
 
 
-def watch(agent: MLPActorCritic, env_id: str, out_dir: str | os.PathLike[str], seed: int = 0,
-          max_steps: int = 500, every: int = 2) -> dict[str, int]:
+def watch(
+    agent: MLPActorCritic,
+    env_id: str,
+    out_dir: str | os.PathLike[str],
+    seed: int = 0,
+    max_steps: int = 500,
+    every: int = 2,
+) -> dict[str, int]:
     """Write `trained.gif` for `agent` and, for contrast, `untrained.gif` for a freshly initialised agent."""
     torch.manual_seed(seed)
     untrained = MLPActorCritic(agent.obs_dim, agent.n_actions, agent.hidden)

@@ -42,11 +42,13 @@ for iteration in range(20):
                 buf.append(x)
             pos, age = torch.where(reached | cut, 0, pos), torch.where(reached | cut, 0, age)
     stack = lambda xs: torch.stack(xs)  # [T, N_ENVS, ...]
-    advantages, returns = gae(stack(rew), stack(val), stack(next_val), stack(term), stack(trunc),
-                              gamma=cfg.gamma, lam=cfg.gae_lambda)
+    advantages, returns = gae(
+        stack(rew), stack(val), stack(next_val), stack(term), stack(trunc), gamma=cfg.gamma, lam=cfg.gae_lambda
+    )
     flat = lambda x: x.reshape(T * N_ENVS, *x.shape[2:])
-    batch = RolloutBatch(flat(stack(obs)), flat(stack(act)), flat(stack(logp)), flat(stack(val)),
-                         flat(advantages), flat(returns))
+    batch = RolloutBatch(
+        flat(stack(obs)), flat(stack(act)), flat(stack(logp)), flat(stack(val)), flat(advantages), flat(returns)
+    )
     ppo_update(policy, optimizer, batch, cfg, progress=iteration / 20, generator=gen)
 
 right = torch.softmax(policy.pi(observe(torch.arange(GOAL))), -1)[:, 1]

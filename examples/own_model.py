@@ -1,15 +1,20 @@
 """RLHF on your own Hugging Face causal LM with a reward function of your own: PPO with a KL penalty."""
+
 import sys
 
 from rlhf_toy.lm import LoraConfig, RLHFConfig, RLHFTrainer, add_lora, lm_ppo_config, load_base, save_model
 
 model_dir = sys.argv[1]  # any causal LM saved with save_pretrained, with its tokenizer (GPT-2, Llama, Qwen2, ...)
 model, tok = load_base(model_dir)  # its own tokenizer and chat template; dropout off
-if len(sys.argv) > 2 and sys.argv[2] == "--lora":
-    model = add_lora(model, LoraConfig(lora_r=8), "CAUSAL_LM")  # then the reference is the same net, adapters off
+lora = len(sys.argv) > 2 and sys.argv[2] == "--lora"
+if lora:  # adapters on every linear layer and the output layer; the reference is the same net, adapters off
+    model = add_lora(model, LoraConfig(lora_r=8, lora_targets="all-linear,lm_head"), "CAUSAL_LM", seed=0)
 
-prompts = [f"My {thing} {problem}." for thing in ("printer", "laptop", "router", "phone", "kettle", "oven")
-           for problem in ("won't start", "is very slow", "keeps freezing", "makes a strange noise")]
+prompts = [
+    f"My {thing} {problem}."
+    for thing in ("printer", "laptop", "router", "phone", "kettle", "oven")
+    for problem in ("won't start", "is very slow", "keeps freezing", "makes a strange noise")
+]
 
 
 def reward(prompts: list[str], replies: list[str]) -> list[float]:
@@ -18,10 +23,14 @@ def reward(prompts: list[str], replies: list[str]) -> list[float]:
 
 
 trainer = RLHFTrainer(
-    model, reward, tok,
+    model,
+    reward,
+    tok,
     RLHFConfig(steps=40, batch_size=16, max_new_tokens=8, kl_coef=0.01, value_lr_scale=1.0),
-    lm_ppo_config(learning_rate=1e-2, minibatch_size=8),  # a tiny random model: large steps
-    prompts, seed=0,
+    # A tiny random model takes large steps, and LoRA's adapters larger ones than full weights.
+    lm_ppo_config(learning_rate=2e-2 if lora else 1e-2, minibatch_size=8),
+    prompts,
+    seed=0,
 )
 scores = []
 for step in range(40):

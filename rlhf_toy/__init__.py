@@ -15,11 +15,28 @@ from .population import population_ppo_update
 from .ppo import ActorCritic, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 from .seeding import seed_everything
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place the version lives (pyproject reads it)
 
 __all__ = [
-    "ActorCritic", "PPOConfig", "RolloutBatch", "UserError", "clipped_policy_loss", "discounted_returns", "dpo_loss",
-    "grpo_advantages", "rloo_advantages",
-    "explained_variance", "gae", "kl_k1", "kl_k3", "make_optimizer", "masked_mean", "masked_whiten",
-    "policy_gradient_loss", "population_ppo_update", "ppo_update", "seed_everything", "value_loss",
+    "ActorCritic",
+    "PPOConfig",
+    "RolloutBatch",
+    "UserError",
+    "clipped_policy_loss",
+    "discounted_returns",
+    "dpo_loss",
+    "grpo_advantages",
+    "rloo_advantages",
+    "explained_variance",
+    "gae",
+    "kl_k1",
+    "kl_k3",
+    "make_optimizer",
+    "masked_mean",
+    "masked_whiten",
+    "policy_gradient_loss",
+    "population_ppo_update",
+    "ppo_update",
+    "seed_everything",
+    "value_loss",
 ]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .errors import UserError
+
 
 def _as_float(x: Tensor | None, like: Tensor) -> Tensor:
     if x is None:
@@ -71,31 +73,28 @@ def gae(
     return advantages, returns
 
 
-def discounted_returns(
-    rewards: Tensor, dones: Tensor, *, gamma: float, mask: Tensor | None = None
-) -> Tensor:
+def discounted_returns(rewards: Tensor, dones: Tensor, *, gamma: float, mask: Tensor | None = None) -> Tensor:
     """Discounted return G_t = r_t + gamma * (1 - done_t) * G_{t+1}, with no bootstrap. `[T, *B] -> [T, *B]`.
 
     This is GAE with lambda = 1 and a zero critic, so it is computed by `gae` (one recursion to trust).
     Used by REINFORCE, which updates on whole finished episodes.
     """
     zeros = torch.zeros_like(rewards, dtype=torch.result_type(rewards, 1.0))
-    _, returns = gae(
-        rewards.to(zeros.dtype), zeros, zeros, dones, gamma=gamma, lam=1.0, mask=mask
-    )
+    _, returns = gae(rewards.to(zeros.dtype), zeros, zeros, dones, gamma=gamma, lam=1.0, mask=mask)
     return returns
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:
     """`[B]` rewards of B / k prompts with k samples each (consecutive) -> `[B / k, k]`."""
-    from .errors import UserError
-
     if group_size < 2:
-        raise UserError(f"group_size must be >= 2 to compare samples of one prompt (got {group_size}); pass "
-                        "--group_size 4")
+        raise UserError(
+            f"group_size must be >= 2 to compare samples of one prompt (got {group_size}); pass --group_size 4"
+        )
     if rewards.dim() != 1 or rewards.shape[0] % group_size:
-        raise UserError(f"the batch ({tuple(rewards.shape)}) is not a whole number of groups of {group_size}; "
-                        "make the batch size a multiple of --group_size")
+        raise UserError(
+            f"the batch ({tuple(rewards.shape)}) is not a whole number of groups of {group_size}; "
+            "make the batch size a multiple of --group_size"
+        )
     return rewards.view(-1, group_size)
 
 

@@ -56,8 +56,9 @@ def dispatch(prog: str, commands: dict[str, Command | Group], argv: Sequence[str
     return int(cmd.run(*configs) or 0)
 
 
-def parse_configs(configs: tuple[type, ...], argv: Sequence[str], prog: str, help: str,
-                  defaults: Any = None) -> tuple[Any, ...]:
+def parse_configs(
+    configs: tuple[type, ...], argv: Sequence[str], prog: str, help: str, defaults: Any = None
+) -> tuple[Any, ...]:
     """Flags -> validated config dataclasses; every complaint becomes a one-line `UserError`."""
     from transformers import HfArgumentParser
 

@@ -30,8 +30,11 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         return 2
     except OSError as exc:  # a path that is a file where a directory is needed, a read-only place, a full disk
         where = exc.filename or "a path"
-        print(f"error: cannot write or read {where}: {exc.strerror or exc}; pass a writable directory or an existing "
-              "file there", file=sys.stderr)
+        print(
+            f"error: cannot write or read {where}: {exc.strerror or exc}; pass a writable directory or an existing "
+            "file there",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

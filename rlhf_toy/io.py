@@ -101,7 +101,7 @@ def sweep_temporaries(folder: str | os.PathLike[str]) -> list[str]:
     removed = []
     for entry in sorted(Path(folder).iterdir()):
         if entry.name.startswith(".") and entry.name.endswith(f"{TMP_MARK}old"):
-            target = entry.with_name(entry.name[1: -len(f"{TMP_MARK}old")])
+            target = entry.with_name(entry.name[1 : -len(f"{TMP_MARK}old")])
             if not target.exists():
                 os.replace(entry, target)  # the previous version is the last complete one: restore it
                 continue

@@ -21,8 +21,13 @@ class MetricLogger:
     Keys are namespaced like CleanRL's (`charts/episodic_return`, `losses/approx_kl`, ...).
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], tensorboard: bool = True,
-                 history: list[dict[str, Any]] | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        tensorboard: bool = True,
+        history: list[dict[str, Any]] | None = None,
+        enabled: bool = True,
+    ) -> None:
         """Start `metrics.jsonl` afresh with the rows of `history` (a resumed run's rows up to its checkpoint).
         `enabled=False` writes nothing (a data-parallel rank other than 0)."""
         self.enabled = enabled
@@ -94,8 +99,9 @@ def read_jsonl(path: str | os.PathLike[str], partial_last_line_ok: bool = False)
         except ValueError:
             if partial_last_line_ok and i == len(lines):  # no newline after it: cut off mid-write
                 break
-            raise UserError(f"{path}, line {i}, is not a JSON object ({line[:60]!r}); fix or delete that line") \
-                from None
+            raise UserError(
+                f"{path}, line {i}, is not a JSON object ({line[:60]!r}); fix or delete that line"
+            ) from None
         rows.append(row)
     return rows
 

@@ -67,8 +67,7 @@ def clipped_policy_loss(
     return PolicyLoss(masked_mean(per_sample, mask, dim), clip_fraction, approx_kl, ratio_mean)
 
 
-def policy_gradient_loss(logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None,
-                         dim: Dims = None) -> Tensor:
+def policy_gradient_loss(logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None, dim: Dims = None) -> Tensor:
     """REINFORCE: -mean(log pi(a|s) * A). `advantages` are returns (no baseline) or returns - V (baseline)."""
     return masked_mean(-logprobs * advantages.detach(), mask, dim)
 
@@ -109,8 +108,13 @@ class DPOLoss(NamedTuple):
     accuracy: Tensor  # share of pairs whose chosen reply has the larger implicit reward
 
 
-def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor, ref_chosen_logps: Tensor,
-             ref_rejected_logps: Tensor, beta: float) -> DPOLoss:
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float,
+) -> DPOLoss:
     """DPO (Rafailov et al. 2023): -log sigmoid(beta * [(log pi_w - log ref_w) - (log pi_l - log ref_l)]).
 
     Each argument is `[B]`: the summed log-probability of the chosen (w) or rejected (l) reply under the policy

@@ -39,8 +39,9 @@ def masked_var(x: Tensor, mask: Tensor | None = None, dim: Dims = None, keepdim:
     return var if keepdim or dim is None else var.squeeze(dim)
 
 
-def masked_whiten(x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8,
-                  dim: Dims = None) -> Tensor:
+def masked_whiten(
+    x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8, dim: Dims = None
+) -> Tensor:
     """Normalize `x` to zero mean and unit std over the masked entries (over `dim` only, as in `masked_mean`);
     padding is left at 0.
 

@@ -36,16 +36,25 @@ def per_agent(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
         return x.gather(1, idx.view(*idx.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
 
     mask = batch.mask if batch.mask is not None else torch.ones_like(batch.advantages, dtype=torch.bool)
-    return RolloutBatch(pick(batch.observations), pick(batch.actions), pick(batch.logprobs), pick(batch.values),
-                        pick(batch.advantages), pick(batch.returns), pick(mask))
+    return RolloutBatch(
+        pick(batch.observations),
+        pick(batch.actions),
+        pick(batch.logprobs),
+        pick(batch.values),
+        pick(batch.advantages),
+        pick(batch.returns),
+        pick(mask),
+    )
 
 
 def clip_grad_norm_per_agent(params: Sequence[Tensor], max_norm: float) -> Tensor:
     """`torch.nn.utils.clip_grad_norm_` for each agent separately: `[N, ...]` grads; returns the norms `[N]`."""
-    norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), dim=1)
-                                                  for p in params]), dim=0)
+    grads = [p.grad for p in params if p.grad is not None]
+    if len(grads) != len(params):
+        raise ValueError("clip_grad_norm_per_agent: every parameter needs a gradient (call backward first)")
+    norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]), dim=0)
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    torch._foreach_mul_([p.grad for p in params], [coef.view(-1, *[1] * (p.dim() - 1)) for p in params])
+    torch._foreach_mul_(grads, [coef.view(-1, *[1] * (g.dim() - 1)) for g in grads])
     return norms
 
 
@@ -55,8 +64,14 @@ def step_agents(optimizer: torch.optim.Optimizer, params: Sequence[Tensor], acti
         optimizer.step()
         return
     keep = ~active
-    saved = [(p, p.detach()[keep].clone(), {k: v[keep].clone() for k, v in optimizer.state[p].items()
-                                            if torch.is_tensor(v) and v.dim() > 0}) for p in params]
+    saved = [
+        (
+            p,
+            p.detach()[keep].clone(),
+            {k: v[keep].clone() for k, v in optimizer.state[p].items() if torch.is_tensor(v) and v.dim() > 0},
+        )
+        for p in params
+    ]
     optimizer.step()
     with torch.no_grad():
         for p, old, state in saved:
@@ -86,11 +101,13 @@ def population_ppo_update(
     steps = torch.zeros(N)
     for _epoch in range(cfg.n_epochs):
         # Each agent draws its own order; an agent that stopped draws nothing, as its single run would not.
-        perms = torch.stack([torch.randperm(n, generator=g) if a else torch.arange(n)
-                             for g, a in zip(generators, active.tolist())])
+        perms = torch.stack(
+            [torch.randperm(n, generator=g) if a else torch.arange(n) for g, a in zip(generators, active.tolist())]
+        )
         shuffled = per_agent(batch, perms)  # one gather an epoch; each minibatch is then a view
         for start in range(0, n, cfg.minibatch_size):
-            mb = RolloutBatch(*(x[:, start:start + cfg.minibatch_size] for x in shuffled[:7]))
+            fields = [x for x in shuffled[:7] if x is not None]  # per_agent set every field, the mask included
+            mb = RolloutBatch(*(x[:, start : start + cfg.minibatch_size] for x in fields))
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
             # The core's loss reduced over each agent's samples only (dim 1): `[N]` losses and parts. (torch.vmap
             # over agents gives the same numbers and cost 0.6 ms more a minibatch here, ~8% of a population's time.)
@@ -113,9 +130,11 @@ def population_ppo_update(
     out = {k: sums[i] / steps for i, k in enumerate(STAT_KEYS)}  # NaN for an agent that never stepped, as ppo_update's
     mask = batch.mask
     out.update(
-        explained_variance=explained_variance(batch.values, batch.returns, mask, dim=1),
+        explained_variance=torch.as_tensor(explained_variance(batch.values, batch.returns, mask, dim=1)),
         learning_rate=torch.full((N,), lr),
         clip_range=torch.full((N,), float("nan") if clip_range is None else clip_range),
-        epochs=epochs_done, early_stop=(~active).float(), gradient_steps=steps,
+        epochs=epochs_done,
+        early_stop=(~active).float(),
+        gradient_steps=steps,
     )
     return out

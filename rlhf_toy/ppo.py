@@ -114,8 +114,9 @@ def current_schedule(cfg: PPOConfig, progress: float) -> tuple[float, float | No
     return lr, clip
 
 
-def set_learning_rates(optimizer: torch.optim.Optimizer, lr: float,
-                       lr_scales: Sequence[float] | None = None) -> list[Tensor]:
+def set_learning_rates(
+    optimizer: torch.optim.Optimizer, lr: float, lr_scales: Sequence[float] | None = None
+) -> list[Tensor]:
     """Set each param group's lr to `lr` times its scale (default 1); returns all the parameters."""
     scales = [1.0] * len(optimizer.param_groups) if lr_scales is None else list(lr_scales)
     if len(scales) != len(optimizer.param_groups):
@@ -131,14 +132,21 @@ POLICY_LOSSES = ("clipped", "pg")  # PPO's clipped surrogate (clip_range None: u
 
 def minibatch(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
     """The samples `idx` of a batch (every field, observations of any structure)."""
-    return RolloutBatch(index_observations(batch.observations, idx), batch.actions[idx], batch.logprobs[idx],
-                        batch.values[idx], batch.advantages[idx], batch.returns[idx],
-                        None if batch.mask is None else batch.mask[idx],
-                        None if batch.ref_logprobs is None else batch.ref_logprobs[idx])
+    return RolloutBatch(
+        index_observations(batch.observations, idx),
+        batch.actions[idx],
+        batch.logprobs[idx],
+        batch.values[idx],
+        batch.advantages[idx],
+        batch.returns[idx],
+        None if batch.mask is None else batch.mask[idx],
+        None if batch.ref_logprobs is None else batch.ref_logprobs[idx],
+    )
 
 
-def shuffled_minibatches(n: int, size: int, generator: torch.Generator | None = None,
-                         group_size: int = 1) -> tuple[Tensor, ...]:
+def shuffled_minibatches(
+    n: int, size: int, generator: torch.Generator | None = None, group_size: int = 1
+) -> tuple[Tensor, ...]:
     """One epoch's minibatch indices: a random order of the `n` samples cut into minibatches of `size`. With
     `group_size` > 1 the samples come in groups of consecutive rows (RLOO's and GRPO's k replies to one prompt)
     and whole groups are shuffled, so a minibatch holds whole groups (as TRL's trainers have them): their
@@ -150,9 +158,17 @@ def shuffled_minibatches(n: int, size: int, generator: torch.Generator | None = 
     return order.split(size)
 
 
-def minibatch_loss(logprobs: Tensor, entropy: Tensor, values: Tensor, mb: RolloutBatch, cfg: PPOConfig,
-                   clip_range: float | None, policy_loss: str = "clipped",
-                   kl_loss_coef: float = 0.0, dim: Dims = None) -> tuple[Tensor, dict[str, Tensor]]:
+def minibatch_loss(
+    logprobs: Tensor,
+    entropy: Tensor,
+    values: Tensor,
+    mb: RolloutBatch,
+    cfg: PPOConfig,
+    clip_range: float | None,
+    policy_loss: str = "clipped",
+    kl_loss_coef: float = 0.0,
+    dim: Dims = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's loss on one minibatch, from the policy's fresh `(logprobs, entropy, values)` (each `[b, *S]`).
 
     Advantages are normalized over the minibatch's real steps (if enabled), then: the policy loss (`clipped`:
@@ -180,8 +196,14 @@ def minibatch_loss(logprobs: Tensor, entropy: Tensor, values: Tensor, mb: Rollou
         loss = loss - cfg.ent_coef * ent
     else:  # keep the entropy out of the graph: a backward pass through it costs time for nothing
         ent = masked_mean(entropy.detach(), mb.mask, dim)
-    return loss, {"policy_loss": p_loss, "value_loss": v_loss, "entropy": ent, "approx_kl": pg.approx_kl,
-                  "clip_fraction": pg.clip_fraction, "kl_loss": kl.detach()}
+    return loss, {
+        "policy_loss": p_loss,
+        "value_loss": v_loss,
+        "entropy": ent,
+        "approx_kl": pg.approx_kl,
+        "clip_fraction": pg.clip_fraction,
+        "kl_loss": kl.detach(),
+    }
 
 
 def ppo_update(
@@ -241,7 +263,7 @@ def ppo_update(
 
     out = {k: (torch.stack(v).mean().item() if v else float("nan")) for k, v in stats.items()}
     out.update(
-        explained_variance=explained_variance(batch.values, batch.returns, batch.mask),
+        explained_variance=float(explained_variance(batch.values, batch.returns, batch.mask)),
         learning_rate=lr,
         clip_range=float("nan") if clip_range is None else clip_range,
         epochs=float(epochs_done),

@@ -22,13 +22,41 @@ def run(mode: str, run_dir: str, steps: int) -> float:
     common = ["--run_dir", run_dir, "--steps", str(steps), "--save_every", "0", "--progress", "False"]
     if mode == "1x2":
         env["OMP_NUM_THREADS"] = "2"
-        cmd = [sys.executable, "-m", "rlhf_toy.lm", "ppo", *common, "--batch_size", "64", "--threads", "2",
-               "--ppo_dir", "ddp_bench_1x2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlhf_toy.lm",
+            "ppo",
+            *common,
+            "--batch_size",
+            "64",
+            "--threads",
+            "2",
+            "--policy_dir",
+            "ddp_bench_1x2",
+        ]
     else:
         env["OMP_NUM_THREADS"] = "1"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-               "rlhf_toy.lm", "ppo", *common, "--batch_size", "32", "--minibatch_size", "8", "--threads", "1",
-               "--ppo_dir", "ddp_bench_2x1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "rlhf_toy.lm",
+            "ppo",
+            *common,
+            "--batch_size",
+            "32",
+            "--minibatch_size",
+            "8",
+            "--threads",
+            "1",
+            "--policy_dir",
+            "ddp_bench_2x1",
+        ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if p.returncode != 0:
         sys.exit(f"error: {mode} failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")

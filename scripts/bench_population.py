@@ -16,10 +16,18 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 32, 128])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--population-threads", type=int, default=None,
-                   help="torch threads of the populations (default: --threads); the single run keeps --threads")
-    p.add_argument("--workers", type=int, default=1,
-                   help="processes a population is split over, one torch thread each (needs --population-threads 1)")
+    p.add_argument(
+        "--population-threads",
+        type=int,
+        default=None,
+        help="torch threads of the populations (default: --threads); the single run keeps --threads",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes a population is split over, one torch thread each (needs --population-threads 1)",
+    )
     p.add_argument("--total-steps", type=int, default=100_000)
     p.add_argument("--repeats", type=int, default=1, help="rounds of [single run, each size]; medians are reported")
     a = p.parse_args()

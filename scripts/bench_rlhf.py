@@ -23,13 +23,26 @@ import statistics
 import sys
 from pathlib import Path
 
-from rlhf_toy.lm.pipeline.bench import ours_in_subprocess, trl
+from rlhf_toy.errors import UserError
+from rlhf_toy.lm.algorithms.online import ALGORITHMS
+from rlhf_toy.lm.models.base import resolve_base_model
+from rlhf_toy.lm.pipeline.bench import TRL_RUNNERS, ours_in_subprocess, trl
+
+PEERS = Path(__file__).resolve().parent / "peers"  # the TRL runners
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trl-python", default=None,
-                   help="python of a venv with trl==1.12.0 (ppo) or the newest trl (rloo, grpo); omit: ours only")
-    p.add_argument("--algorithm", choices=["ppo", "rloo", "grpo"], default="ppo")
+    p.add_argument(
+        "--trl-python",
+        default=None,
+        help="python of a venv with trl==1.12.0 (ppo) or the newest trl (rloo, grpo); omit: ours only",
+    )
+    p.add_argument(
+        "--algorithm",
+        choices=list(ALGORITHMS),
+        default="ppo",
+        help=f"any online algorithm; TRL runs beside it for {', '.join(TRL_RUNNERS)}",
+    )
     p.add_argument("--repeats", type=int, default=1, help="alternate ours and TRL this many times; report medians")
     p.add_argument("--sizes", nargs="+", default=["2x64", "4x128"], help="n_layer x n_embd")
     p.add_argument("--episodes", type=int, default=512)
@@ -40,9 +53,6 @@ if __name__ == "__main__":
     a = p.parse_args()
     model_dir = None
     if a.model:
-        from rlhf_toy.errors import UserError
-        from rlhf_toy.lm.models.hf import resolve_base_model
-
         try:
             model_dir = str(resolve_base_model(a.model, Path("runs/bench_base")))
         except UserError as exc:
@@ -53,22 +63,34 @@ if __name__ == "__main__":
     report = {}
     for size in a.sizes:
         n_layer, n_embd = (0, 0) if model_dir else (int(x) for x in size.split("x"))
-        kw = dict(episodes=a.episodes, batch_size=a.batch_size, response_length=a.response_length, n_layer=n_layer,
-                  n_embd=n_embd, threads=a.threads, model_dir=model_dir, algorithm=a.algorithm)
+        kw = dict(
+            episodes=a.episodes,
+            batch_size=a.batch_size,
+            response_length=a.response_length,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            threads=a.threads,
+            model_dir=model_dir,
+            algorithm=a.algorithm,
+        )
         seen: dict[str, list[float]] = {}
         for _ in range(a.repeats):
             rows = [ours_in_subprocess(**kw)]
-            if a.trl_python:
-                rows.append(trl(a.trl_python, **kw, skip_gc=False))
+            if a.trl_python and a.algorithm in TRL_RUNNERS:
+                rows.append(trl(a.trl_python, PEERS, **kw, skip_gc=False))
                 if a.algorithm == "ppo":
-                    rows.append(trl(a.trl_python, **kw, skip_gc=True))
+                    rows.append(trl(a.trl_python, PEERS, **kw, skip_gc=True))
             for r in rows:
                 print(json.dumps(r), flush=True)
                 if r.get("episodes_per_s"):
                     seen.setdefault(r["peer"], []).append(r["episodes_per_s"])
         eps = {peer: statistics.median(v) for peer, v in seen.items()}
-        report[size] = {"algorithm": a.algorithm, "threads": a.threads, "repeats": a.repeats,
-                        "median_episodes_per_s": eps}
+        report[size] = {
+            "algorithm": a.algorithm,
+            "threads": a.threads,
+            "repeats": a.repeats,
+            "median_episodes_per_s": eps,
+        }
         for peer in ("trl", "trl-nogc"):
             if eps.get(peer) and eps.get("rlhf-toy"):
                 report[size][f"ratio_vs_{peer}"] = eps["rlhf-toy"] / eps[peer]

@@ -25,3 +25,13 @@ def run_dir(tmp_path_factory):
     for name in ("tokenizer", "sft", "preferences", "reward"):
         assert stage(name, d, "--judge", "tests.judges:length") == 0, name
     return d
+
+
+@pytest.fixture
+def run_copy(run_dir, tmp_path):
+    """A copy of the session's tiny run directory, for a test that writes into it."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out

@@ -5,16 +5,41 @@ from rlhf_toy.lm.pipeline.cli import main
 
 TINY = {
     "tokenizer": ["--vocab_size", "400", "--max_train_pairs", "2000"],
-    "sft": ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--epochs", "2", "--batch_size", "32",
-            "--learning_rate", "5e-3", "--max_train_pairs", "2000"],
+    "sft": [
+        "--n_layer",
+        "2",
+        "--n_embd",
+        "64",
+        "--n_head",
+        "2",
+        "--epochs",
+        "2",
+        "--batch_size",
+        "32",
+        "--learning_rate",
+        "5e-3",
+        "--max_train_pairs",
+        "2000",
+    ],
     "preferences": ["--n_prompts", "40", "--k", "3", "--n_eval_prompts", "10", "--max_new_tokens", "24"],
     "reward": ["--epochs", "1", "--batch_size", "16", "--min_steps", "10"],
 }
-PPO_TINY = ["--steps", "2", "--batch_size", "8", "--minibatch_size", "4", "--max_new_tokens", "16", "--judge",
-            "tests.judges:length"]
+PPO_TINY = [
+    "--steps",
+    "2",
+    "--batch_size",
+    "8",
+    "--minibatch_size",
+    "4",
+    "--max_new_tokens",
+    "16",
+    "--judge",
+    "tests.judges:length",
+]
 
 
 def stage(name, run_dir, *extra):
     """Run one stage in-process through the CLI (exit status as `rlhf-toy` would return it)."""
-    return run_cli(main, [name, "--run_dir", str(run_dir), "--progress", "False", "--threads", "1",
-                          *TINY.get(name, []), *extra])
+    return run_cli(
+        main, [name, "--run_dir", str(run_dir), "--progress", "False", "--threads", "1", *TINY.get(name, []), *extra]
+    )

@@ -14,8 +14,10 @@ import torch
 from rlhf_toy.lm.data import helpdesk
 
 ARCHS = ("gpt2", "llama", "gpt_neox", "qwen2")
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 VOCAB = 360
 MODEL_VOCAB = 384  # padded beyond the tokenizer, as real models often are
 
@@ -29,10 +31,18 @@ def tiny_tokenizer(chat_template: bool, pad: bool):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>" if pad else None)
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>" if pad else None
+    )
     if chat_template:
         fast.chat_template = CHAT_TEMPLATE
     return fast
@@ -44,10 +54,16 @@ def tiny_config(arch: str, tok):
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
     common = {"vocab_size": MODEL_VOCAB, **ids}
     if arch == "gpt2":
-        return GPT2Config(n_positions=128, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
-                          attn_pdrop=0.0, **common)
-    sizes = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "max_position_embeddings": 128}
+        return GPT2Config(
+            n_positions=128, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common
+        )
+    sizes = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 128,
+    }
     if arch == "llama":
         return LlamaConfig(num_key_value_heads=1, **sizes, **common)
     if arch == "gpt_neox":

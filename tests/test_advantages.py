@@ -101,8 +101,14 @@ def test_gae_rejects_mismatched_shapes():
     import pytest
 
     with pytest.raises(ValueError, match="share one"):
-        gae(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 1), torch.zeros(3, 2, dtype=torch.bool),
-            gamma=0.9, lam=0.9)
+        gae(
+            torch.zeros(3, 2),
+            torch.zeros(3, 2),
+            torch.zeros(3, 1),
+            torch.zeros(3, 2, dtype=torch.bool),
+            gamma=0.9,
+            lam=0.9,
+        )
 
 
 def test_rloo_baseline_is_the_leave_one_out_mean_on_a_hand_made_group():

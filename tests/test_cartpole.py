@@ -15,12 +15,23 @@ from cartpole.envs import AutoresetMode, make_vec_env
 from cartpole.rollout import RolloutCollector
 from rlhf_toy import UserError
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def quick(tmp_path, **kw):
-    base = dict(total_steps=2048, num_envs=8, n_steps=32, out=str(tmp_path), progress=False, tensorboard=False,
-                plot=False, eval_every=1024, eval_episodes=3)
+    base = dict(
+        total_steps=2048,
+        num_envs=8,
+        n_steps=32,
+        out=str(tmp_path),
+        progress=False,
+        tensorboard=False,
+        plot=False,
+        eval_every=1024,
+        eval_episodes=3,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -41,8 +52,13 @@ def test_next_step_autoreset_steps_are_masked():
 
 
 def test_same_step_truncation_bootstraps_from_the_final_observation():
-    envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", max_episode_steps=5,
-                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    envs = gym.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        vectorization_mode="sync",
+        max_episode_steps=5,
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+    )
     collector = RolloutCollector(envs, seed=0)
     agent = MLPActorCritic(4, 2)
     r = collector.collect(agent, 12, torch.Generator().manual_seed(0))
@@ -55,9 +71,13 @@ def test_same_step_truncation_bootstraps_from_the_final_observation():
     envs.close()
 
 
-@pytest.mark.parametrize("env_id,match", [
-    ("Pendulum-v1", "not Discrete"), ("NoSuchEnv-v0", "unknown environment"),
-])
+@pytest.mark.parametrize(
+    "env_id,match",
+    [
+        ("Pendulum-v1", "not Discrete"),
+        ("NoSuchEnv-v0", "unknown environment"),
+    ],
+)
 def test_unsupported_envs_are_refused(env_id, match, tmp_path):
     with pytest.raises(UserError, match=match):
         train(quick(tmp_path, env_id=env_id))
@@ -121,13 +141,25 @@ def test_cartpole_solves_other_seeds(seed, tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "cartpole", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cartpole", *args], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
 
 
 def test_cli_train_then_eval(tmp_path):
-    p = run_cli("train", "--total_steps", "2048", "--num_envs", "8", "--out", str(tmp_path), "--progress", "False",
-                "--eval_episodes", "2")
+    p = run_cli(
+        "train",
+        "--total_steps",
+        "2048",
+        "--num_envs",
+        "8",
+        "--out",
+        str(tmp_path),
+        "--progress",
+        "False",
+        "--eval_episodes",
+        "2",
+    )
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     for key in ("seed", "env_steps", "wall_s", "solved_step", "solved_s", "last20_mean", "eval_mean"):
@@ -138,13 +170,16 @@ def test_cli_train_then_eval(tmp_path):
     assert json.loads(p.stdout)["episodes"] == 3
 
 
-@pytest.mark.parametrize("args,match", [
-    (["train", "--clip_range", "-1"], "clip_range must be > 0"),
-    (["train", "--env_id", "Pendulum-v1"], "not supported"),
-    (["train", "--n_epochs", "0"], "n_epochs must be"),
-    (["eval", "--checkpoint", "/no/such/file.pt"], "no checkpoint at"),
-    (["fly"], "unknown command"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["train", "--clip_range", "-1"], "clip_range must be > 0"),
+        (["train", "--env_id", "Pendulum-v1"], "not supported"),
+        (["train", "--n_epochs", "0"], "n_epochs must be"),
+        (["eval", "--checkpoint", "/no/such/file.pt"], "no checkpoint at"),
+        (["fly"], "unknown command"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_nonzero(args, match):
     p = run_cli(*args)
     assert p.returncode != 0

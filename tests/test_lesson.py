@@ -14,13 +14,29 @@ from cartpole.agent import MLPActorCritic
 from cartpole.reinforce import ReinforceConfig, gradient_variance, run_episode, train_reinforce
 from cartpole.watch import record_episode, write_gif
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_script(name, out, *extra):
     """The lesson's script for `name` (the same as `cartpole lesson NAME`), on a tiny budget."""
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"lesson_{name}.py"), "--tiny", "--seeds", "2",
-                           "--out", str(out), *extra], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / f"lesson_{name}.py"),
+            "--tiny",
+            "--seeds",
+            "2",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("name,workers", [("build", "1"), ("break_baseline", "2"), ("break_clip", "1")])
@@ -46,8 +62,13 @@ def test_same_command_same_table(tmp_path):
 
 
 def test_bad_seeds_value_is_one_line():
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "lesson_build.py"), "--seeds", "0"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "lesson_build.py"), "--seeds", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode == 2 and "seeds must be >= 1" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -57,8 +78,12 @@ def test_lesson_is_a_subcommand_of_the_installed_cli(tmp_path):
 
     exe = shutil.which("cartpole", path=str(Path(sys.executable).parent))
     assert exe, "the cartpole console script is installed beside python"
-    p = subprocess.run([exe, "lesson", "break-clip", "--tiny", "--seeds", "1", "--workers", "1", "--out",
-                        str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [exe, "lesson", "break-clip", "--tiny", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "cli")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert run_script("break_clip", tmp_path / "script", "--seeds", "1", "--workers", "1").returncode == 0
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("wall_s")} for r in rows]  # noqa: E731
@@ -140,8 +165,7 @@ def test_baseline_reduces_gradient_variance_on_a_fixed_batch():
     from rlhf_toy.advantages import discounted_returns
 
     obs = torch.cat([e[0] for e in episodes])
-    rets = torch.cat([discounted_returns(e[2], torch.arange(len(e[2])) == len(e[2]) - 1, gamma=0.99)
-                      for e in episodes])
+    rets = torch.cat([discounted_returns(e[2], torch.arange(len(e[2])) == len(e[2]) - 1, gamma=0.99) for e in episodes])
     opt = torch.optim.Adam(agent.critic.parameters(), lr=1e-2)
     for _ in range(300):
         opt.zero_grad()
@@ -157,8 +181,7 @@ def test_gif_writer_produces_the_expected_frames(tmp_path):
     torch.manual_seed(0)
     agent = MLPActorCritic(4, 2)
     for max_steps, every in ((40, 3), (7, 2)):
-        frames, steps, ret = record_episode(agent, "CartPole-v1", "untrained", seed=0, max_steps=max_steps,
-                                            every=every)
+        frames, steps, ret = record_episode(agent, "CartPole-v1", "untrained", seed=0, max_steps=max_steps, every=every)
         assert 0 < steps <= max_steps and ret == steps  # CartPole pays 1 per step
         assert len(frames) == 1 + -(-steps // every)
         write_gif(frames, tmp_path / "a.gif")
@@ -171,9 +194,24 @@ def test_watch_cli_writes_both_gifs(tmp_path):
     from cartpole.agent import save_agent
 
     save_agent(tmp_path / "a.pt", MLPActorCritic(4, 2), {"env_id": "CartPole-v1"})
-    p = subprocess.run([sys.executable, "-m", "cartpole", "watch", "--checkpoint", str(tmp_path / "a.pt"), "--out",
-                        str(tmp_path / "gifs"), "--max_steps", "20"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cartpole",
+            "watch",
+            "--checkpoint",
+            str(tmp_path / "a.pt"),
+            "--out",
+            str(tmp_path / "gifs"),
+            "--max_steps",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     for name in ("trained", "untrained"):
         with Image.open(tmp_path / "gifs" / f"{name}.gif") as im:
@@ -185,13 +223,29 @@ def test_lesson_ppo_is_the_lessons_ppo_field_by_field():
     clip, minibatches of 256, gamma 0.99, lambda 0.95, value loss weight 0.5, no gradient clipping, no entropy."""
     from cartpole.lesson import LESSON_BREAK_CLIP_PPO, LESSON_PPO, lesson_train_config
 
-    expected = dict(learning_rate=3e-4, anneal_lr=False, n_epochs=10, minibatch_size=256, gamma=0.99, gae_lambda=0.95,
-                    clip=True, clip_range=0.2, anneal_clip=False, clip_range_vf=None, ent_coef=0.0, vf_coef=0.5,
-                    max_grad_norm=None, target_kl=None)
+    expected = dict(
+        learning_rate=3e-4,
+        anneal_lr=False,
+        n_epochs=10,
+        minibatch_size=256,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip=True,
+        clip_range=0.2,
+        anneal_clip=False,
+        clip_range_vf=None,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=None,
+        target_kl=None,
+    )
     assert {k: getattr(LESSON_PPO, k) for k in expected} == expected
     # Break the clip: the same, but 10x the learning rate and 30 epochs (still constant, still unannealed).
-    assert {k: getattr(LESSON_BREAK_CLIP_PPO, k) for k in expected} == {**expected, "learning_rate": 3e-3,
-                                                                         "n_epochs": 30}
+    assert {k: getattr(LESSON_BREAK_CLIP_PPO, k) for k in expected} == {
+        **expected,
+        "learning_rate": 3e-3,
+        "n_epochs": 30,
+    }
     run = lesson_train_config(seed=0, iterations=40, out="unused")
     assert (run.num_envs, run.n_steps, run.total_steps) == (1, 2048, 40 * 2048)
 
@@ -202,21 +256,3 @@ def test_lesson_ppo_schedule_is_constant():
 
     for cfg in (LESSON_PPO, LESSON_BREAK_CLIP_PPO):
         assert current_schedule(cfg, 0.0) == current_schedule(cfg, 0.99) == (cfg.learning_rate, 0.2)
-
-
-def test_presets_are_complete_configs_not_merges():
-    """Every preset spells out every PPOConfig field (no field silently inherited from another preset)."""
-    import ast
-    import dataclasses
-
-    from rlhf_toy.ppo import PPOConfig
-
-    fields = {f.name for f in dataclasses.fields(PPOConfig)}
-    found = 0
-    for path in [ROOT / "cartpole" / "train.py", ROOT / "cartpole" / "lesson.py", *ROOT.glob("rlhf_toy/lm/**/*.py")]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                    getattr(node.value.func, "id", None) == "PPOConfig" and node.targets[0].id.isupper():
-                assert {k.arg for k in node.value.keywords} == fields, (path.name, node.targets[0].id)
-                found += 1
-    assert found >= 4  # CARTPOLE_PPO, LESSON_PPO, LESSON_BREAK_CLIP_PPO, LM_PPO

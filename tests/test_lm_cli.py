@@ -12,6 +12,8 @@ from rlhf_toy.errors import run_cli
 from rlhf_toy.lm.pipeline.cli import main
 from tests.helpers import PPO_TINY, stage
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,8 +35,14 @@ def test_each_stage_writes_its_outputs(run_dir):
 
 
 def test_sample_command_chats(run_dir):
-    p = subprocess.run([sys.executable, "-m", "rlhf_toy.lm", "sample", "--model_dir", str(run_dir / "sft"), "--n", "2"],
-                       input="My printer won't start.\n", capture_output=True, text=True, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "rlhf_toy.lm", "sample", "--model_dir", str(run_dir / "sft"), "--n", "2"],
+        input="My printer won't start.\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("bot:") == 2
 
@@ -44,10 +52,9 @@ def write_jsonl(path, rows):
     return path
 
 
-def test_preference_file_without_the_columns(run_dir, tmp_path, capsys):
+def test_preference_file_without_the_columns(run_copy, tmp_path, capsys):
     bad = write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": "hi", "answer": "yo"}])
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
+    out = run_copy
     shutil.rmtree(out / "reward_model")
     assert stage("reward", out, "--preferences_file", str(bad)) == 2
     assert "lacks the column(s) ['chosen', 'rejected']" in capsys.readouterr().err
@@ -71,10 +78,9 @@ def test_prompt_longer_than_the_context(tmp_path, capsys):
     assert not (tmp_path / "run" / "sft").exists()
 
 
-def copy_with_foreign_tokenizer(run_dir, tmp_path, model_subdir):
+def copy_with_foreign_tokenizer(run_copy, tmp_path, model_subdir):
     """A copy of the run whose `model_subdir` holds a tokenizer of another vocabulary."""
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
+    out = run_copy
     assert stage("tokenizer", tmp_path / "other", "--vocab_size", "300") == 0
     for f in (tmp_path / "other" / "tokenizer").iterdir():
         shutil.copy(f, out / model_subdir / f.name)
@@ -87,15 +93,17 @@ def test_tokenizer_that_does_not_match_the_model(run_dir, tmp_path, capsys):
     assert "does not match" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("judge,message", [
-    ("no_such_module_xyz:score", "cannot import judge"),
-    ("tests.judges:nope", "cannot import judge"),
-    ("tests.judges:broken", "not a number"),
-    ("missing_colon", "must look like module:function"),
-])
-def test_bad_judges(judge, message, run_dir, tmp_path, capsys):
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
+@pytest.mark.parametrize(
+    "judge,message",
+    [
+        ("no_such_module_xyz:score", "cannot import judge"),
+        ("tests.judges:nope", "cannot import judge"),
+        ("tests.judges:broken", "not a number"),
+        ("missing_colon", "must look like module:function"),
+    ],
+)
+def test_bad_judges(judge, message, run_copy, tmp_path, capsys):
+    out = run_copy
     shutil.rmtree(out / "preferences")
     assert stage("preferences", out, "--judge", judge) == 2
     assert message in capsys.readouterr().err
@@ -114,8 +122,13 @@ def test_custom_judges_and_data(tmp_path):
 
 
 def test_cli_exit_code_and_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "rlhf_toy.lm", "sft", "--run_dir", str(tmp_path)], capture_output=True,
-                       text=True, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "rlhf_toy.lm", "sft", "--run_dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode == 2 and "no tokenizer in" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -129,17 +142,44 @@ def test_ppo_evaluate_and_resume(run_dir, tmp_path):
     AutoModelForCausalLM.from_pretrained(out / "ppo" / "policy")  # plain HF loading
     rows = [json.loads(x) for x in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("objective/score", "objective/gold", "objective/kl", "objective/beta", "policy/entropy",
-                "ppo/clip_fraction", "ppo/approx_kl", "ppo/value_loss", "ppo/explained_variance",
-                "policy/response_length", "policy/eos_rate", "time/step_s"):
+    for key in (
+        "objective/score",
+        "objective/gold",
+        "objective/kl",
+        "objective/beta",
+        "policy/entropy",
+        "ppo/clip_fraction",
+        "ppo/approx_kl",
+        "ppo/value_loss",
+        "ppo/explained_variance",
+        "policy/response_length",
+        "policy/eos_rate",
+        "time/step_s",
+    ):
         assert key in rows[0]
     assert (out / "ppo" / "curves.png").stat().st_size > 5000
     # Resume from the step-2 checkpoint for one more step.
     assert run_cli(main, ["ppo", *base, *PPO_TINY[2:], "--steps", "3", "--resume"]) == 0
     rows = [json.loads(x) for x in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert run_cli(main, ["evaluate", *base, "--eval_prompts", "6", "--best_of", "2,4", "--max_new_tokens", "16",
-                          "--judge", "tests.judges:length"]) == 0
+    assert (
+        run_cli(
+            main,
+            [
+                "evaluate",
+                *base,
+                "--eval_prompts",
+                "6",
+                "--best_of",
+                "2,4",
+                "--max_new_tokens",
+                "16",
+                "--judge",
+                "tests.judges:length",
+            ],
+        )
+        == 0
+    )
     table = (out / "eval.md").read_text()
     for name in ("SFT", "best-of-2", "best-of-4", "PPO (ppo)"):
         assert f"| {name} |" in table
@@ -147,12 +187,15 @@ def test_ppo_evaluate_and_resume(run_dir, tmp_path):
     assert names == ["SFT", "best-of-2", "best-of-4", "PPO (ppo)"]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--kl_coef", "-0.1"], "kl_coef must be >= 0"),
-    (["--kl_target", "-1"], "kl_target must be > 0"),
-    (["--batch_size", "100000"], "larger than the prompt set"),
-    (["--resume"], "nothing to resume"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--kl_coef", "-0.1"], "kl_coef must be >= 0"),
+        (["--kl_target", "-1"], "kl_target must be > 0"),
+        (["--batch_size", "100000"], "larger than the prompt set"),
+        (["--resume"], "nothing to resume"),
+    ],
+)
 def test_ppo_bad_input(extra, message, run_dir, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(run_dir, out)
@@ -166,14 +209,3 @@ def test_ppo_refuses_a_reward_model_with_another_tokenizer(run_dir, tmp_path, ca
     out = copy_with_foreign_tokenizer(run_dir, tmp_path, "reward_model")
     assert run_cli(main, ["ppo", "--run_dir", str(out), "--progress", "False", "--steps", "1"]) == 2
     assert "does not match the reward model" in capsys.readouterr().err
-
-
-def test_overoptimization_runs_each_beta_and_tabulates(run_dir, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
-    assert stage("overopt", out, "--judge", "tests.judges:length", "--steps", "2", "--betas", "0,0.1",
-                 "--best_of", "1,2", "--eval_prompts", "8") == 0
-    curves = json.loads((out / "overoptimization.json").read_text())
-    assert set(curves) == {"best_of_n", "beta=0", "beta=0.1"} and len(curves["beta=0.1"]) == 2
-    assert "| beta=0.1 |" in (out / "overoptimization.md").read_text()
-    assert (out / "overoptimization.png").stat().st_size > 5000

@@ -14,6 +14,8 @@ from rlhf_toy.lm.models.chat import EOS, PAD, encode_prompts, pad_sequences, pro
 from rlhf_toy.lm.models.reward_model import MIN_NORM_STD, raw_scores, score_texts, set_normalization
 from rlhf_toy.lm.pipeline.evaluate import format_gain, paired_gain
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 TINY = ModelConfig(n_layer=2, n_embd=32, n_head=2, n_positions=64)
 
 
@@ -63,8 +65,18 @@ def tiny_reward_model(tok):
     from transformers import GPT2Config, GPT2ForSequenceClassification
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2, num_labels=1,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=tok.pad_token_id)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        num_labels=1,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=tok.pad_token_id,
+    )
     return GPT2ForSequenceClassification(cfg).eval()
 
 
@@ -72,8 +84,9 @@ def test_score_is_read_at_the_last_real_token_with_padding_on_either_side(tok):
     rm = tiny_reward_model(tok)
     seqs = [tok.encode("Sure. Bye.") + [tok.eos_token_id], tok.encode("Happy to help! Good luck!") + [tok.eos_token_id]]
     with torch.no_grad():
-        alone = torch.stack([raw_scores(rm, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0]
-                             for s in seqs])
+        alone = torch.stack(
+            [raw_scores(rm, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in seqs]
+        )
         left = raw_scores(rm, *pad_sequences(seqs, tok.pad_token_id, "left"))
         right = raw_scores(rm, *pad_sequences(seqs, tok.pad_token_id, "right"))
     torch.testing.assert_close(left, alone, atol=1e-4, rtol=1e-4)
@@ -87,13 +100,20 @@ def test_reward_model_learns_a_simple_synthetic_preference(tok):
     rng = random.Random(0)
     warm, rude = ["Happy to help!", "Good luck!", "Hope this helps!"], ["Whatever.", "Deal with it.", "Ugh."]
     prompts = [f"My {t} won't start." for t in ["printer", "laptop", "router", "phone", "oven", "lamp"]]
+
     def pair():
         return rng.choice(prompts), f"{rng.choice(warm)} Bye.", f"{rng.choice(rude)} Bye."
+
     train = [pair() for _ in range(400)]
     rm = tiny_reward_model(tok)
-    train_reward_model(rm, tok, {"prompt": [t[0] for t in train], "chosen": [t[1] for t in train],
-                                 "rejected": [t[2] for t in train]},
-                       RewardConfig(epochs=2, batch_size=32, learning_rate=3e-3), seed=0, progress=False)
+    train_reward_model(
+        rm,
+        tok,
+        {"prompt": [t[0] for t in train], "chosen": [t[1] for t in train], "rejected": [t[2] for t in train]},
+        RewardConfig(epochs=2, batch_size=32, learning_rate=3e-3),
+        seed=0,
+        progress=False,
+    )
     test = [pair() for _ in range(100)]
     acc = pairwise_accuracy(rm, tok, [t[0] for t in test], [[t[1], t[2]] for t in test], [[1.0, 0.0]] * 100)
     assert acc["accuracy"] >= 0.8
@@ -103,8 +123,9 @@ def test_sft_lowers_held_out_loss_and_round_trips(task, tok, tmp_path):
     model = new_causal_lm(tok, TINY)
     train_ids, _ = encode_pairs(tok, task.train, 64)
     eval_ids, _ = encode_pairs(tok, task.eval, 64)
-    hist = train_sft(model, tok, train_ids, eval_ids, SFTConfig(epochs=2, batch_size=32, learning_rate=1e-2), 0,
-                     progress=False)
+    hist = train_sft(
+        model, tok, train_ids, eval_ids, SFTConfig(epochs=2, batch_size=32, learning_rate=1e-2), 0, progress=False
+    )
     assert hist["eval_loss"][-1] < 0.6 * hist["eval_loss"][0]
     model.save_pretrained(tmp_path)
     again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()

@@ -11,20 +11,33 @@ from torch import nn
 
 from cartpole.agent import MLPActorCritic
 from cartpole.envs import make_vec_env
-from cartpole.population import _StackedMLP, build_population, by_agent, train_population
+from cartpole.population import train_population
 from cartpole.rollout import RolloutCollector
+from cartpole.stacked import _StackedMLP, build_population, by_agent
 from cartpole.train import CARTPOLE_PPO, TrainConfig, cartpole_ppo_config, run_training, train
 from rlhf_toy.advantages import gae
 from rlhf_toy.population import clip_grad_norm_per_agent, population_ppo_update
 from rlhf_toy.ppo import RolloutBatch, make_optimizer, ppo_update
 from rlhf_toy.seeding import seed_everything
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def quick(tmp_path, **kw):
-    return TrainConfig(**{"total_steps": 4096, "out": str(tmp_path), "progress": False, "tensorboard": False,
-                          "plot": False, "eval_every": 0, "eval_episodes": 3, **kw})
+    return TrainConfig(
+        **{
+            "total_steps": 4096,
+            "out": str(tmp_path),
+            "progress": False,
+            "tensorboard": False,
+            "plot": False,
+            "eval_every": 0,
+            "eval_episodes": 3,
+            **kw,
+        }
+    )
 
 
 def rollout_batch(seed, agent, generator, population=None):
@@ -49,8 +62,9 @@ def test_a_population_of_one_starts_and_steps_as_a_single_run():
     for a, b in zip(single[:7], stacked[:7]):  # every field but the (absent) reference log-probs
         assert torch.equal(a, b[0])  # ... the same first rollout, action for action ...
     s1 = ppo_update(agent, make_optimizer(agent.parameters(), CARTPOLE_PPO), single, CARTPOLE_PPO, generator=g)
-    s2 = population_ppo_update(pop, make_optimizer(pop.parameters(), CARTPOLE_PPO), stacked, CARTPOLE_PPO,
-                               generators=gens)
+    s2 = population_ppo_update(
+        pop, make_optimizer(pop.parameters(), CARTPOLE_PPO), stacked, CARTPOLE_PPO, generators=gens
+    )
     for a, b in zip(agent.parameters(), pop.agent(0).parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)  # ... and the same update, to float rounding
     for k in ("policy_loss", "value_loss", "approx_kl", "clip_fraction", "gradient_steps", "epochs"):
@@ -65,11 +79,23 @@ def test_each_agent_is_updated_as_the_core_updates_it_alone():
     cfg = cartpole_ppo_config(n_epochs=3, minibatch_size=128)
     batches = [rollout_batch(10 + k, singles[k], torch.Generator().manual_seed(k)) for k in range(3)]
     stacked = RolloutBatch(*[torch.stack(f) for f in zip(*[b[:7] for b in batches])])
-    stats = population_ppo_update(pop, make_optimizer(pop.parameters(), cfg), stacked, cfg, progress=0.3,
-                                  generators=[torch.Generator().manual_seed(100 + k) for k in range(3)])
+    stats = population_ppo_update(
+        pop,
+        make_optimizer(pop.parameters(), cfg),
+        stacked,
+        cfg,
+        progress=0.3,
+        generators=[torch.Generator().manual_seed(100 + k) for k in range(3)],
+    )
     for k, (agent, batch) in enumerate(zip(singles, batches)):
-        s = ppo_update(agent, make_optimizer(agent.parameters(), cfg), batch, cfg, progress=0.3,
-                       generator=torch.Generator().manual_seed(100 + k))
+        s = ppo_update(
+            agent,
+            make_optimizer(agent.parameters(), cfg),
+            batch,
+            cfg,
+            progress=0.3,
+            generator=torch.Generator().manual_seed(100 + k),
+        )
         for a, b in zip(agent.parameters(), pop.agent(k).parameters()):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
         assert stats["policy_loss"][k].item() == pytest.approx(s["policy_loss"], rel=1e-5, abs=1e-7)
@@ -160,8 +186,9 @@ def test_workers_train_contiguous_shares_each_as_its_own_population(tmp_path):
     """`--workers 2` over seeds 4, 7, 9 gives exactly what populations [4, 7] and [9] give, each trained alone:
     the same per-seed figures, and the same networks, rebuilt into one population in seed order."""
     split = train_population(quick(tmp_path / "split", seeds="4,7,9", workers=2), [4, 7, 9], CARTPOLE_PPO)
-    alone = [train_population(quick(tmp_path / f"alone{i}"), seeds, CARTPOLE_PPO) for i, seeds in
-             enumerate([[4, 7], [9]])]
+    alone = [
+        train_population(quick(tmp_path / f"alone{i}"), seeds, CARTPOLE_PPO) for i, seeds in enumerate([[4, 7], [9]])
+    ]
 
     def figures(per_seed):
         return [{k: v for k, v in p.items() if k != "solved_s"} for p in per_seed]
@@ -189,8 +216,22 @@ def test_workers_need_seeds_and_one_thread(tmp_path):
 
 
 def test_population_cli_and_bad_seeds(tmp_path):
-    cmd = [sys.executable, "-m", "cartpole", "train", "--seeds", "0-1", "--total_steps", "1024", "--out",
-           str(tmp_path), "--progress", "False", "--eval_episodes", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cartpole",
+        "train",
+        "--seeds",
+        "0-1",
+        "--total_steps",
+        "1024",
+        "--out",
+        str(tmp_path),
+        "--progress",
+        "False",
+        "--eval_episodes",
+        "2",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     s = json.loads(p.stdout.strip().splitlines()[-1])

@@ -135,16 +135,34 @@ def test_core_tests_do_not_import_the_cartpole_client():
     for name in ("test_ppo.py", "test_advantages.py", "test_losses.py", "test_masks.py"):
         path = Path(__file__).with_name(name)
         if path.exists():
-            imported = {a.name.split(".")[0] for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import)
-                        for a in n.names} | {n.module.split(".")[0] for n in ast.walk(ast.parse(path.read_text()))
-                                             if isinstance(n, ast.ImportFrom) and n.module}
+            imported = {
+                a.name.split(".")[0]
+                for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.Import)
+                for a in n.names
+            } | {
+                n.module.split(".")[0]
+                for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.ImportFrom) and n.module
+            }
             assert not imported & {"cartpole", "gymnasium"}, name
 
 
-@pytest.mark.parametrize("field,value", [
-    ("learning_rate", 0.0), ("n_epochs", 0), ("minibatch_size", 0), ("gamma", 1.5), ("gae_lambda", -0.1),
-    ("clip_range", -0.2), ("clip_range_vf", 0.0), ("ent_coef", -1.0), ("max_grad_norm", 0.0), ("target_kl", -1.0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("learning_rate", 0.0),
+        ("n_epochs", 0),
+        ("minibatch_size", 0),
+        ("gamma", 1.5),
+        ("gae_lambda", -0.1),
+        ("clip_range", -0.2),
+        ("clip_range_vf", 0.0),
+        ("ent_coef", -1.0),
+        ("max_grad_norm", 0.0),
+        ("target_kl", -1.0),
+    ],
+)
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(UserError, match=f"^{field} must be"):
         PPOConfig(**{field: value})

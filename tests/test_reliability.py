@@ -14,25 +14,34 @@ import torch
 
 from tests.helpers import PPO_TINY, stage
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ["--save_every", "1", *PPO_TINY]  # 2 steps, a checkpoint after each
 
 
-def copy_run(run_dir, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
+def copy_run(run_copy, tmp_path):
+    out = run_copy
     return out
 
 
 def rows(ppo_dir):
     """The logged rows without the wall-clock columns (those differ between any two runs)."""
-    return [{k: v for k, v in r.items() if not k.startswith("time/")}
-            for r in map(json.loads, (ppo_dir / "metrics.jsonl").read_text().splitlines())]
+    return [
+        {k: v for k, v in r.items() if not k.startswith("time/")}
+        for r in map(json.loads, (ppo_dir / "metrics.jsonl").read_text().splitlines())
+    ]
 
 
 def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def one_line_error(p, *needles):
@@ -60,8 +69,13 @@ def test_kill_between_policy_and_state_then_resume_equals_uninterrupted(run_dir,
     full, killed = copy_run(run_dir, tmp_path / "a"), copy_run(run_dir, tmp_path / "b")
     args = ["--progress", "False", "--threads", "1", *PPO]
     assert stage("ppo", full, *PPO, "--steps", "3") == 0  # the later --steps wins
-    p = subprocess.run([sys.executable, "-c", KILL_AT_STEP.format(step=2), "ppo", "--run_dir", str(killed), *args,
-                        "--steps", "3"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", KILL_AT_STEP.format(step=2), "ppo", "--run_dir", str(killed), *args, "--steps", "3"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert p.returncode == -9, p.stderr[-2000:]
     state = torch.load(killed / "ppo" / "checkpoint" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 1  # the step-2 checkpoint never landed: step 1's policy and state, together
@@ -70,8 +84,10 @@ def test_kill_between_policy_and_state_then_resume_equals_uninterrupted(run_dir,
     assert stage("ppo", killed, *PPO, "--steps", "3", "--resume") == 0
     assert not any(".tmp-" in n.name for n in (killed / "ppo").iterdir())  # ... is swept by the next writer
     assert rows(killed / "ppo") == rows(full / "ppo")  # steps 2 and 3 replayed exactly
-    for a, b in zip(torch.load(full / "ppo" / "checkpoint" / "trainer_state.pt")["value_head"].values(),
-                    torch.load(killed / "ppo" / "checkpoint" / "trainer_state.pt")["value_head"].values()):
+    for a, b in zip(
+        torch.load(full / "ppo" / "checkpoint" / "trainer_state.pt")["value_head"].values(),
+        torch.load(killed / "ppo" / "checkpoint" / "trainer_state.pt")["value_head"].values(),
+    ):
         assert torch.equal(a, b)
 
 
@@ -102,8 +118,9 @@ def test_truncated_model_weights_are_one_line(run_dir, tmp_path):
     out = copy_run(run_dir, tmp_path)
     weights = out / "sft" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    p = cli("rlhf_toy.lm", "preferences", "--run_dir", str(out), "--judge", "tests.judges:length", "--progress",
-            "False")
+    p = cli(
+        "rlhf_toy.lm", "preferences", "--run_dir", str(out), "--judge", "tests.judges:length", "--progress", "False"
+    )
     one_line_error(p, "cannot load the SFT model")
 
 
@@ -131,13 +148,13 @@ def test_a_bad_line_in_the_metrics_is_one_line(run_dir, tmp_path, capsys):
 def test_resume_with_changed_settings_is_refused(run_dir, tmp_path, capsys):
     out = copy_run(run_dir, tmp_path)
     assert stage("ppo", out, *PPO) == 0
-    before = (out / "ppo" / "ppo.json").read_text()
+    before = (out / "ppo" / "summary.json").read_text()
     assert stage("ppo", out, *PPO, "--steps", "3", "--resume", "--kl_coef", "0.3", "--batch_size", "4") == 2
     err = capsys.readouterr().err
     assert "--kl_coef 0.3 (saved: 0.1)" in err and "--batch_size 4 (saved: 8)" in err
-    assert (out / "ppo" / "ppo.json").read_text() == before
+    assert (out / "ppo" / "summary.json").read_text() == before
     assert stage("ppo", out, *PPO, "--steps", "3", "--resume") == 0  # the same settings and more steps: fine
-    assert json.loads((out / "ppo" / "ppo.json").read_text())["config"]["kl_coef"] == 0.1
+    assert json.loads((out / "ppo" / "summary.json").read_text())["config"]["kl_coef"] == 0.1
 
 
 # 5. One writer per output directory.
@@ -162,8 +179,9 @@ def test_cartpole_out_is_a_file_or_read_only(tmp_path):
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
         one_line_error(cli("cartpole", "train", "--out", str(ro / "x"), "--total_steps", "512"), "cannot write")
-    one_line_error(cli("cartpole", "train", "--out", "/sys/rlhf_toy_cannot_write", "--total_steps", "512"),
-                   "cannot write")
+    one_line_error(
+        cli("cartpole", "train", "--out", "/sys/rlhf_toy_cannot_write", "--total_steps", "512"), "cannot write"
+    )
 
 
 def test_run_dir_is_a_file(tmp_path):
@@ -211,8 +229,20 @@ def test_minibatch_larger_than_the_batch_is_refused(run_dir, tmp_path, capsys):
 
 
 def test_total_steps_round_up_to_whole_rollouts_and_say_so(tmp_path):
-    p = cli("cartpole", "train", "--out", str(tmp_path / "cp"), "--total_steps", "2000", "--eval_every", "0",
-            "--eval_episodes", "1", "--progress", "False")
+    p = cli(
+        "cartpole",
+        "train",
+        "--out",
+        str(tmp_path / "cp"),
+        "--total_steps",
+        "2000",
+        "--eval_every",
+        "0",
+        "--eval_episodes",
+        "1",
+        "--progress",
+        "False",
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1])["env_steps"] == 2048
     assert "training 2048 env steps" in p.stderr
@@ -234,13 +264,30 @@ def test_user_preference_file_reports_heldout_accuracy(run_dir, tmp_path):
     out = copy_run(run_dir, tmp_path)
     shutil.rmtree(out / "reward_model")
     (out / "reference_samples.json").unlink()
-    rows_ = [{"prompt": f"My {d} won't start ({i}).", "chosen": f"Happy to help! Restart the {d}. Have a great day!",
-              "rejected": f"Whatever. Restart the {d}. Deal with it."}
-             for i, d in enumerate(["printer", "laptop", "router", "phone", "lamp"] * 32)]
+    rows_ = [
+        {
+            "prompt": f"My {d} won't start ({i}).",
+            "chosen": f"Happy to help! Restart the {d}. Have a great day!",
+            "rejected": f"Whatever. Restart the {d}. Deal with it.",
+        }
+        for i, d in enumerate(["printer", "laptop", "router", "phone", "lamp"] * 32)
+    ]
     prefs = tmp_path / "prefs.jsonl"
     prefs.write_text("".join(json.dumps(r) + "\n" for r in rows_))
-    p = cli("rlhf_toy.lm", "reward", "--run_dir", str(out), "--preferences_file", str(prefs), "--progress", "False",
-            "--batch_size", "64", "--min_steps", "40")
+    p = cli(
+        "rlhf_toy.lm",
+        "reward",
+        "--run_dir",
+        str(out),
+        "--preferences_file",
+        str(prefs),
+        "--progress",
+        "False",
+        "--batch_size",
+        "64",
+        "--min_steps",
+        "40",
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["heldout_pairs"] == 16 and m["pairs"] == 144  # 10% of 160 prompts, seeded

@@ -11,6 +11,8 @@ from rlhf_toy.lm.data.tasks import helpdesk_task
 from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, response_logprobs
 from rlhf_toy.lm.models.chat import encode_prompts, pad_sequences, train_tokenizer
 
+pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
+
 TINY = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=64)
 
 
@@ -36,8 +38,9 @@ def trainer(sft, **kw):
     import copy
 
     cfg = RLHFConfig(**{"steps": 30, "batch_size": 32, "max_new_tokens": 24, "kl_coef": 0.05, **kw})
-    return RLHFTrainer(copy.deepcopy(model), exclamations, tok, cfg, lm_ppo_config(learning_rate=1e-4),
-                       task.train_prompts, seed=0)
+    return RLHFTrainer(
+        copy.deepcopy(model), exclamations, tok, cfg, lm_ppo_config(learning_rate=1e-4), task.train_prompts, seed=0
+    )
 
 
 def test_shaped_rewards_put_the_score_on_the_last_real_token():
@@ -65,13 +68,24 @@ def test_adaptive_controller_moves_beta_toward_its_target():
 
 def test_recomputed_logprobs_equal_generation_scores(sft):
     _, tok, model = sft
-    ids, mask = pad_sequences(encode_prompts(tok, ["My printer won't start.", "Hi, my old lamp at home runs hot."]),
-                             tok.pad_token_id, "left")
+    ids, mask = pad_sequences(
+        encode_prompts(tok, ["My printer won't start.", "Hi, my old lamp at home runs hot."]), tok.pad_token_id, "left"
+    )
     torch.manual_seed(0)
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_k=0, top_p=1.0,
-                         max_new_tokens=10, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         output_scores=True, return_dict_in_generate=True)
-    resp = out.sequences[:, ids.shape[1]:]
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=0.7,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=10,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    resp = out.sequences[:, ids.shape[1] :]
     gen = torch.stack([torch.log_softmax(s, -1) for s in out.scores], 1).gather(-1, resp[..., None])[..., 0]
     with torch.no_grad():
         again, _ = response_logprobs(model, ids, mask, resp, temperature=0.7)
@@ -81,7 +95,9 @@ def test_recomputed_logprobs_equal_generation_scores(sft):
 
 def test_padding_is_masked_in_rewards_values_and_advantages(sft):
     t = trainer(sft)
-    exp = make_experience(t.policy, t.ref_model, t.reward_model, t.tok, t.next_prompts(), 0.05, t.cfg, t.ppo)
+    exp = make_experience(
+        t.policy, t.ref_model, t.reward_model, t.tok, t.next_prompts(), 0.05, t.cfg, t.ppo, t.algorithm
+    )
     pad = exp.batch.mask == 0
     assert pad.any() and (exp.batch.mask.sum(1) >= 1).all()
     for x in (exp.batch.values, exp.batch.advantages, exp.batch.returns, exp.kl):
@@ -115,17 +131,38 @@ def test_resume_gives_the_same_next_step(sft, tmp_path):
     assert drop(again) == drop(metrics[2])
 
 
-def test_kl_limit_stops_and_rolls_back(sft):
+def test_kl_limit_stops_before_the_update_that_would_follow_and_copies_nothing(sft, monkeypatch):
+    """--kl_limit decides before the update: the step whose sampled KL takes the moving average over the limit
+    applies no update (the weights after it are the weights before it), every earlier step did update, and no
+    step copies the model (no state-dict deepcopy per step)."""
+    from types import SimpleNamespace
+
+    from rlhf_toy.lm.algorithms import rlhf as rlhf_module
+
     t = trainer(sft, kl_coef=0.0, kl_limit=0.05, kl_limit_window=1)
+
+    def no_copy(*a, **k):
+        raise AssertionError("a step copied the model")
+
+    monkeypatch.setattr(rlhf_module, "copy", SimpleNamespace(deepcopy=no_copy))  # the trainer's own copies only
+    weights = lambda: [p.detach().clone() for p in t.policy.parameters()]  # noqa: E731
     for _ in range(30):
-        t.step()
+        before = weights()
+        m = t.step()
+        after = weights()
+        changed = any(not torch.equal(a, b) for a, b in zip(before, after))
         if t.stopped_by_kl_limit:
             break
-    assert t.stopped_by_kl_limit
+        assert changed and m["objective/kl_moving_average"] <= 0.05
+    assert t.stopped_by_kl_limit and m["objective/kl_moving_average"] > 0.05 and t.step_count > 1
+    assert not changed, "the step that crossed the limit updated the policy"
+    assert not any(k.startswith("ppo/") for k in m)  # no update ran
 
 
-@pytest.mark.parametrize("kw,match", [({"kl_coef": -0.1}, "kl_coef"), ({"kl_target": -1.0}, "kl_target"),
-                                      ({"kl_estimator": "k2"}, "kl_estimator")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [({"kl_coef": -0.1}, "kl_coef"), ({"kl_target": -1.0}, "kl_target"), ({"kl_estimator": "k2"}, "kl_estimator")],
+)
 def test_bad_rlhf_config(kw, match):
     with pytest.raises(UserError, match=match):
         RLHFConfig(**kw)

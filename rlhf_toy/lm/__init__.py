@@ -3,22 +3,39 @@
 Sub-packages, from the bottom up:
 - `data/`: where prompts, SFT pairs, preference pairs and gold judges come from (`tasks`, `helpdesk`,
   `preferences`).
-- `models/`: the chat format and tokenizer (`chat`), the policy model and log-probs (`causal_lm`), the policy
-  with its value head (`policy`), the reward model's scoring (`reward_model`), sampling (`sampling`), and
-  loading/saving model directories (`checkpoints`).
-- `algorithms/`: training: SFT (`sft`), Bradley-Terry reward training (`reward`), the RLHF step with PPO on the
-  shared core (`rlhf`), KL shaping and control (`kl`), and rank/metric helpers for data parallelism
-  (`distributed`).
-- `pipeline/`: the stages in order (`stages`), the run directory (`rundir`), evaluation (`evaluate`), the
-  over-optimization study (`overopt`), the command table (`cli`) and the throughput benchmark (`bench`).
-A new algorithm goes in `algorithms/` (on `rlhf_toy.advantages`, `losses`, `ppo`), a new model family in
-`models/`, a new stage or command in `pipeline/`.
+- `models/`: devices (`devices`), the chat format and tokenizer (`chat`), the policy model and log-probs
+  (`causal_lm`), the policy with its value head (`policy`), loading/saving model directories (`checkpoints`),
+  base models and GGUF files (`base`), LoRA (`lora`), which layers train (`layers`), the reward model
+  (`reward_model`) and sampling (`sampling`).
+- `algorithms/`: training: SFT (`sft`), Bradley-Terry reward training (`reward`), the table of online
+  algorithms (`online`: one record each), the RLHF step on the shared core (`rlhf`), KL shaping and control
+  (`kl`), and DPO (`dpo`).
+- `pipeline/`: where a run lives (`run`, `rundir`), the stages in order (`stages`), evaluation (`evaluate`),
+  the comparison of methods (`compare`), recipes for real models (`recipes`), the command table (`cli`) and
+  the throughput benchmark (`bench`).
+A new online algorithm is one record in `algorithms/online.py` (on `rlhf_toy.advantages`, `losses`, `ppo`), a
+new model family goes in `models/`, a new stage or command in `pipeline/`.
 """
 
-from .algorithms.rlhf import LM_PPO, RLHFConfig, RLHFTrainer, lm_ppo_config
+from .algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
+from .algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+from .models.base import load_base
 from .models.checkpoints import save_model
-from .models.hf import LoraConfig, add_lora, load_base, resolve_device
+from .models.devices import resolve_device
+from .models.lora import LoraConfig, add_lora
 from .models.reward_model import RewardModel
 
-__all__ = ["LM_PPO", "LoraConfig", "RLHFConfig", "RLHFTrainer", "RewardModel", "add_lora", "lm_ppo_config", "load_base",
-           "resolve_device", "save_model"]
+__all__ = [
+    "ALGORITHMS",
+    "LM_PPO",
+    "OnlineAlgorithm",
+    "LoraConfig",
+    "RLHFConfig",
+    "RLHFTrainer",
+    "RewardModel",
+    "add_lora",
+    "lm_ppo_config",
+    "load_base",
+    "resolve_device",
+    "save_model",
+]

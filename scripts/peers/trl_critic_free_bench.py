@@ -155,12 +155,20 @@ def main():
             cfg, cls = trl.RLOOConfig(**common), trl.RLOOTrainer
         else:
             cfg, cls = trl.GRPOConfig(**common), trl.GRPOTrainer
-        trainer = cls(model=policy, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_dict({"prompt": rows}),
-                      processing_class=tokenizer, reward_processing_classes=tokenizer)
-        log(f"trl {trl.__version__} {cls.__name__} vocab={len(tokenizer)} chat_template={chat} prompts={len(rows)} "
+        trainer = cls(
+            model=policy,
+            reward_funcs=reward,
+            args=cfg,
+            train_dataset=Dataset.from_dict({"prompt": rows}),
+            processing_class=tokenizer,
+            reward_processing_classes=tokenizer,
+        )
+        log(
+            f"trl {trl.__version__} {cls.__name__} vocab={len(tokenizer)} chat_template={chat} prompts={len(rows)} "
             f"prompt tokens min/mean/max={min(lengths)}/{sum(lengths) / len(lengths):.1f}/{max(lengths)} "
             f"updates={updates} optimizer_steps={cfg.max_steps} generation_batch={cfg.generation_batch_size} "
-            f"threads={torch.get_num_threads()} device={trainer.accelerator.device}")
+            f"threads={torch.get_num_threads()} device={trainer.accelerator.device}"
+        )
         with contextlib.redirect_stdout(sys.stderr):  # TRL's metric dicts
             t0 = time.perf_counter()
             trainer.train()
@@ -169,12 +177,25 @@ def main():
         lengths_seen = [h[key] for h in trainer.state.log_history if key in h]
         log(f"mean completion length per step: {sorted(set(lengths_seen))}")
     episodes = updates * a.batch_size
-    print(json.dumps({
-        "trl_version": trl.__version__, "trainer": a.trainer, "episodes": episodes, "batch_size": a.batch_size,
-        "group_size": a.group_size, "response_length": a.response_length, "n_layer": a.n_layer, "n_embd": a.n_embd,
-        "train_s": round(train_s, 3), "episodes_per_s": round(episodes / train_s, 3),
-        "tokens_per_s": round(episodes * a.response_length / train_s, 1), "peak_rss_mb": peak_rss_mb(),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "trl_version": trl.__version__,
+                "trainer": a.trainer,
+                "episodes": episodes,
+                "batch_size": a.batch_size,
+                "group_size": a.group_size,
+                "response_length": a.response_length,
+                "n_layer": a.n_layer,
+                "n_embd": a.n_embd,
+                "train_s": round(train_s, 3),
+                "episodes_per_s": round(episodes / train_s, 3),
+                "tokens_per_s": round(episodes * a.response_length / train_s, 1),
+                "peak_rss_mb": peak_rss_mb(),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

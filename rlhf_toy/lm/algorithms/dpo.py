@@ -21,15 +21,18 @@ from rlhf_toy.losses import dpo_loss
 
 from ..models.causal_lm import response_logprobs
 from ..models.chat import encode_prompts, encode_responses, pad_sequences
-from ..models.hf import reference_mode, trainable_parameters
+from ..models.lora import reference_mode, trainable_parameters
 
 
 @dataclass
 class DPOConfig:
     """DPO's settings."""
 
-    beta: float = option("DPO's beta: the strength of the implicit KL to the reference (0.1 drifts to KL ~20 on "
-                         "helpdesk in one epoch; 1.0 stays near 2 nats with higher gold: README).", 1.0)
+    beta: float = option(
+        "DPO's beta: the strength of the implicit KL to the reference (0.1 drifts to KL ~20 on "
+        "helpdesk in one epoch; 1.0 stays near 2 nats with higher gold: docs, Results).",
+        1.0,
+    )
     epochs: int = option("Passes over the preference pairs.", 1)
     batch_size: int = option("Pairs per gradient step.", 32)
     learning_rate: float = option("Adam learning rate (constant after a short warmup).", 1e-4)
@@ -54,9 +57,10 @@ def sequence_logps(model, tok, prompts: list[str], responses: list[str]) -> Tens
 def pair_logps(model, tok, pairs: dict[str, list], idx: list[int]) -> tuple[Tensor, Tensor]:
     """`(chosen [b], rejected [b])` summed log-probs of pairs `idx`, in one forward pass."""
     prompts = [pairs["prompt"][i] for i in idx]
-    both = sequence_logps(model, tok, prompts + prompts,
-                          [pairs["chosen"][i] for i in idx] + [pairs["rejected"][i] for i in idx])
-    return both[: len(idx)], both[len(idx):]
+    both = sequence_logps(
+        model, tok, prompts + prompts, [pairs["chosen"][i] for i in idx] + [pairs["rejected"][i] for i in idx]
+    )
+    return both[: len(idx)], both[len(idx) :]
 
 
 @torch.no_grad()
@@ -82,8 +86,16 @@ def implicit_accuracy(model, ref_model, tok, pairs: dict[str, list], beta: float
     return float(sum(hits) / len(pairs["prompt"]))
 
 
-def train_dpo(model, ref_model, tok, pairs: dict[str, list], cfg: DPOConfig, seed: int,
-              held_pairs: dict[str, list] | None = None, progress: bool = True) -> dict[str, Any]:
+def train_dpo(
+    model,
+    ref_model,
+    tok,
+    pairs: dict[str, list],
+    cfg: DPOConfig,
+    seed: int,
+    held_pairs: dict[str, list] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train `model` in place on `pairs` (prompt/chosen/rejected) against the frozen `ref_model` (None: `model`
     is a LoRA model and the reference is it with the adapters off). Returns the loss history and, with
     `held_pairs`, the held-out implicit-reward accuracy before and after each epoch."""
@@ -105,7 +117,7 @@ def train_dpo(model, ref_model, tok, pairs: dict[str, list], cfg: DPOConfig, see
         order = list(range(n))
         rng.shuffle(order)
         for s in range(0, n, cfg.batch_size):
-            idx = order[s:s + cfg.batch_size]
+            idx = order[s : s + cfg.batch_size]
             ref_c, ref_r = reference_pair_logps(model, ref_model, tok, pairs, idx)
             pol_c, pol_r = pair_logps(model, tok, pairs, idx)
             out = dpo_loss(pol_c, pol_r, ref_c, ref_r, cfg.beta)

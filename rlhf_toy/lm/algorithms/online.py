@@ -1,21 +1,24 @@
-"""The online RLHF algorithms on one core: PPO, REINFORCE (with and without a baseline), RLOO and GRPO.
+"""The online RLHF algorithms: one frozen `OnlineAlgorithm` record each, in one table, `ALGORITHMS`.
 
-They share everything up to the rewards (sampling, log-probs, the reward model, the per-token KL); they
-differ only in how rewards become advantages and in the policy loss `ppo_update` applies:
+They share everything up to the rewards (sampling, log-probs, the reward model, the per-token KL); a record
+says only what differs: how rewards become advantages (its `advantages` function, built on the core's
+`rlhf_toy.advantages`), which policy loss `ppo_update` applies, whether the value head is a critic, how many
+replies it samples per prompt, where its KL penalty may go, and its preset. Every command, label, comparison
+method, benchmark row and reference page is derived from this table (`rlhf-toy ppo|reinforce|...`,
+`compare --methods`, `docs/reference/algorithms.md`).
 
-- `ppo`: `gae` over response tokens; the clipped surrogate; the value head is the critic.
-- `reinforce`: `discounted_returns` of the per-token rewards; `policy_gradient_loss`; no critic.
-- `reinforce_baseline`: the same returns minus the value head's estimate; `policy_gradient_loss`.
-- `rloo`: `rloo_advantages` of the sequence rewards, k replies per prompt; `policy_gradient_loss`; no critic.
-- `grpo`: `grpo_advantages` of the sequence rewards, k per prompt; the clipped surrogate (+ a k3 KL term in the
-  loss, if chosen); no critic.
+Adding an algorithm: write its advantage function here (on the core's functions) or its loss in
+`rlhf_toy.losses`, add one record to `ALGORITHMS`, and its tests (docs/contributing.md has the recipe).
 
-A sequence reward is the reward-model score minus beta times the sequence KL (for GRPO with the KL in the loss,
-the score alone). Critic-free methods have `vf_coef=0` in their presets: the value head gets no gradient.
-Each preset is one complete `PPOConfig`; comments mark what differs from `PPOConfig`'s defaults.
+A sequence reward is the reward-model score minus beta times the sequence KL (with the KL in the loss, the
+score alone). Each preset is `PPOConfig`'s defaults plus its own differences, one level: no preset is derived
+from another.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -23,126 +26,249 @@ from torch import Tensor
 from rlhf_toy.advantages import discounted_returns, gae, grpo_advantages, rloo_advantages
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import last_real_index
-from rlhf_toy.ppo import PPOConfig
-
-ALGORITHMS = ("ppo", "reinforce", "reinforce_baseline", "rloo", "grpo")
-GROUPED = ("rloo", "grpo")  # k samples per prompt
-GROUP_SIZE = 4  # their default k (`--group_size`)
-CRITIC_FREE = ("reinforce", "rloo", "grpo")  # their advantages do not read the value head
+from rlhf_toy.ppo import POLICY_LOSSES, PPOConfig
 
 
-def needs_values(algorithm: str, ppo: PPOConfig) -> bool:
-    """Whether a rollout must run the value head: for a critic's advantages, or for a value loss that counts."""
-    return algorithm not in CRITIC_FREE or ppo.vf_coef > 0
+@dataclass(frozen=True)
+class Signals:
+    """What one batch of rollouts gives an advantage function. Tensors are `[B, R]` (B replies of R tokens)
+    unless noted; the replies to one prompt are consecutive rows."""
+
+    rewards: Tensor  # per token: -beta * KL, plus the reward-model score at the last real token
+    scores: Tensor  # [B] reward-model scores
+    kl: Tensor  # per-token KL to the reference (0 on padding)
+    values: Tensor  # the value head's estimates (0 on padding, and 0 without a critic)
+    mask: Tensor  # 1 on real response tokens
+    beta: float  # the KL coefficient of this step
+    kl_in_loss: bool  # the KL penalty is a loss term, not part of the rewards
 
 
-POLICY_LOSS = {"ppo": "clipped", "reinforce": "pg", "reinforce_baseline": "pg", "rloo": "pg", "grpo": "clipped"}
+# `(signals, ppo, group_size) -> (advantages [B, R], value targets [B, R])`
+AdvantageFn = Callable[[Signals, PPOConfig, int], tuple[Tensor, Tensor]]
 
-LM_REINFORCE = PPOConfig(
-    learning_rate=2e-5,  # differs (3e-4): as LM_PPO
-    anneal_lr=False,  # differs (True)
-    n_epochs=1,  # differs (10): on-policy, one pass over each batch
-    minibatch_size=16,  # differs (64): 4 gradient steps per 64-episode batch, as many as one PPO epoch
-    gamma=1.0,  # differs (0.99)
-    gae_lambda=0.95,
-    clip=False,  # differs (True): no ratio (the loss is -log pi * A)
-    clip_range=0.2,
-    anneal_clip=False,
-    clip_range_vf=None,
-    normalize_advantages=False,  # differs (True): centring the returns would itself be a baseline
-    ent_coef=0.0,
-    vf_coef=0.0,  # differs (0.5): no critic
-    max_grad_norm=1.0,  # differs (0.5)
-    target_kl=None,
-    adam_eps=1e-5,
-)
-LM_REINFORCE_BASELINE = PPOConfig(
-    learning_rate=2e-5,  # differs (3e-4)
-    anneal_lr=False,  # differs (True)
-    n_epochs=1,  # differs (10)
-    minibatch_size=16,  # differs (64)
-    gamma=1.0,  # differs (0.99)
-    gae_lambda=0.95,
-    clip=False,  # differs (True)
-    clip_range=0.2,
-    anneal_clip=False,
-    clip_range_vf=None,
-    normalize_advantages=False,  # differs (True): the learned baseline is the only centring
-    ent_coef=0.0,
-    vf_coef=0.1,  # differs (0.5): the value head is the baseline, weighted as LM_PPO's
-    max_grad_norm=1.0,  # differs (0.5)
-    target_kl=None,
-    adam_eps=1e-5,
-)
-LM_RLOO = PPOConfig(
-    learning_rate=2e-5,  # differs (3e-4)
-    anneal_lr=False,  # differs (True)
-    n_epochs=1,  # differs (10): REINFORCE with a leave-one-out baseline, on-policy
-    minibatch_size=16,  # differs (64): a multiple of the group size keeps groups whole
-    gamma=1.0,  # differs (0.99)
-    gae_lambda=0.95,
-    clip=False,  # differs (True)
-    clip_range=0.2,
-    anneal_clip=False,
-    clip_range_vf=None,
-    normalize_advantages=False,  # differs (True): the leave-one-out mean is the baseline
-    ent_coef=0.0,
-    vf_coef=0.0,  # differs (0.5): no critic
-    max_grad_norm=1.0,  # differs (0.5)
-    target_kl=None,
-    adam_eps=1e-5,
-)
-LM_GRPO = PPOConfig(
-    learning_rate=2e-5,  # differs (3e-4)
-    anneal_lr=False,  # differs (True)
-    n_epochs=4,  # differs (10): several clipped epochs per batch, as PPO
-    minibatch_size=16,  # differs (64)
-    gamma=1.0,  # differs (0.99)
-    gae_lambda=0.95,
-    clip=True,
-    clip_range=0.2,
-    anneal_clip=False,
-    clip_range_vf=None,
-    normalize_advantages=False,  # differs (True): advantages are already normalized within each group
-    ent_coef=0.0,
-    vf_coef=0.0,  # differs (0.5): no critic
-    max_grad_norm=1.0,  # differs (0.5)
-    target_kl=None,
-    adam_eps=1e-5,
-)
+KL_PLACEMENTS = ("reward", "loss")  # -beta * KL in the per-token reward, or a k3 term in the loss (DeepSeekMath)
 
 
-def default_group_size(algorithm: str) -> int:
-    return GROUP_SIZE if algorithm in GROUPED else 1
-
-
-def check_algorithm(algorithm: str, group_size: int, batch_size: int) -> None:
-    if algorithm not in ALGORITHMS:
-        raise UserError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-    if algorithm in GROUPED and group_size < 2:
-        raise UserError(f"{algorithm} needs at least 2 samples per prompt to compare them; pass --group_size 4")
-    if batch_size % group_size:
-        raise UserError(f"batch_size ({batch_size}) is not a multiple of group_size ({group_size}); pass a batch of "
-                        "whole groups, e.g. --batch_size 64 --group_size 4")
-
-
-def advantages_and_returns(algorithm: str, rewards: Tensor, scores: Tensor, kl: Tensor, values: Tensor,
-                           mask: Tensor, beta: float, ppo: PPOConfig, group_size: int,
-                           kl_in_loss: bool) -> tuple[Tensor, Tensor]:
-    """`[B, R]` advantages and value targets. `rewards [B, R]` per token (-beta KL + score at the end),
-    `scores [B]`, `kl [B, R]`, `values [B, R]` (0 on padding), `mask [B, R]`; groups are consecutive rows."""
+def terminal_steps(mask: Tensor) -> Tensor:
+    """`[B, R]` bool: True at each reply's last real token (the end of its episode)."""
     terminated = torch.zeros_like(mask, dtype=torch.bool)
     terminated[torch.arange(mask.shape[0], device=mask.device), last_real_index(mask)] = True
-    if algorithm == "ppo":  # time-major for the core; the last real token ends the episode
-        next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], 1)
-        adv, ret = gae(rewards.T, values.T, next_values.T, terminated.T, gamma=ppo.gamma, lam=ppo.gae_lambda,
-                       mask=mask.T)
-        return adv.T, ret.T
-    if algorithm in ("reinforce", "reinforce_baseline"):
-        ret = discounted_returns(rewards.T, terminated.T, gamma=ppo.gamma, mask=mask.T).T
-        return (ret - values if algorithm == "reinforce_baseline" else ret) * mask, ret
-    sequence = scores if (algorithm == "grpo" and kl_in_loss) else scores - beta * kl.sum(1)
-    fn = rloo_advantages if algorithm == "rloo" else grpo_advantages
-    adv = fn(sequence, group_size)[:, None] * mask  # one advantage for every token of a reply
-    return adv, sequence[:, None] * mask
+    return terminated
 
+
+def token_gae(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
+    """PPO: the core's `gae` over response tokens (time-major for the core); the last real token ends it."""
+    next_values = torch.cat([s.values[:, 1:], torch.zeros_like(s.values[:, :1])], 1)
+    done = terminal_steps(s.mask)
+    adv, ret = gae(s.rewards.T, s.values.T, next_values.T, done.T, gamma=ppo.gamma, lam=ppo.gae_lambda, mask=s.mask.T)
+    return adv.T, ret.T
+
+
+def token_returns(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
+    """REINFORCE: the core's `discounted_returns` of the per-token rewards, no baseline."""
+    ret = discounted_returns(s.rewards.T, terminal_steps(s.mask).T, gamma=ppo.gamma, mask=s.mask.T).T
+    return ret * s.mask, ret
+
+
+def token_returns_minus_values(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
+    """REINFORCE with a learned baseline: the returns minus the value head's estimate."""
+    adv, ret = token_returns(s, ppo, group_size)
+    return adv - s.values * s.mask, ret
+
+
+def group_baseline(core: Callable[[Tensor, int], Tensor]) -> AdvantageFn:
+    """An advantage function from a core group baseline (`rloo_advantages`, `grpo_advantages`): one sequence
+    reward per reply (the score, less beta times its KL unless the KL is in the loss), compared within its
+    group, on every token of the reply."""
+
+    def advantages(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
+        sequence = s.scores if s.kl_in_loss else s.scores - s.beta * s.kl.sum(1)
+        return core(sequence, group_size)[:, None] * s.mask, sequence[:, None] * s.mask
+
+    advantages.__name__ = advantages.__qualname__ = f"group_baseline({core.__name__})"
+    return advantages
+
+
+@dataclass(frozen=True)
+class OnlineAlgorithm:
+    """One online algorithm's identity. `name` is its `--algorithm`-style key, run-directory name and
+    `compare` method; its command is `name` with '-' for '_'."""
+
+    name: str
+    label: str  # in tables and plots
+    summary: str  # the command's help line
+    preset: PPOConfig  # the command's defaults for the update
+    advantages: AdvantageFn
+    policy_loss: str  # `ppo_update`'s: "clipped" surrogate or plain "pg" (-log pi * A)
+    uses_critic: bool  # its advantages read the value head
+    default_group_size: int = 1  # replies per prompt (k); > 1: advantages compare the replies of one prompt
+    kl_placements: tuple[str, ...] = ("reward",)  # where --kl_in_loss may put the penalty; first = default
+
+    def __post_init__(self) -> None:
+        assert self.policy_loss in POLICY_LOSSES, self.policy_loss
+        assert set(self.kl_placements) <= set(KL_PLACEMENTS) and self.kl_placements[0] == "reward"
+
+    @property
+    def command(self) -> str:
+        return self.name.replace("_", "-")
+
+    @property
+    def grouped(self) -> bool:
+        return self.default_group_size > 1
+
+    def needs_values(self, ppo: PPOConfig) -> bool:
+        """Whether a rollout must run the value head: for a critic's advantages, or a value loss that counts."""
+        return self.uses_critic or ppo.vf_coef > 0
+
+    def check(self, group_size: int, batch_size: int, minibatch_size: int, kl_in_loss: bool) -> None:
+        """Refuse settings this algorithm cannot honour, with the fix, before any work."""
+        if self.grouped and group_size < 2:
+            raise UserError(
+                f"{self.name} needs at least 2 samples per prompt to compare them; pass "
+                f"--group_size {self.default_group_size}"
+            )
+        if batch_size % group_size:
+            raise UserError(
+                f"batch_size ({batch_size}) is not a multiple of group_size ({group_size}); pass a batch "
+                "of whole groups, e.g. --batch_size 64 --group_size 4"
+            )
+        if minibatch_size % group_size:
+            raise UserError(
+                f"minibatch_size ({minibatch_size}) is not a multiple of group_size ({group_size}), so a "
+                f"minibatch would split a prompt's replies; pass --minibatch_size "
+                f"{max(group_size, minibatch_size // group_size * group_size)}"
+            )
+        if kl_in_loss and "loss" not in self.kl_placements:
+            able = [a.name for a in ALGORITHMS.values() if "loss" in a.kl_placements]
+            raise UserError(
+                f"--kl_in_loss has no meaning for {self.name} (its KL penalty is in the reward); drop it, "
+                f"or use {' or '.join(able)}"
+            )
+
+
+# Each preset: PPOConfig's defaults plus what differs, with why.
+LM_PPO = PPOConfig(
+    learning_rate=2e-5,  # fine-tuning a pretrained (SFT) model takes small steps
+    anneal_lr=False,  # constant, as TRL
+    n_epochs=4,  # TRL's 4 PPO epochs per batch
+    minibatch_size=16,  # 16 sequences per gradient step, 4 per 64-prompt batch
+    gamma=1.0,  # no discount within a reply of a few dozen tokens
+    clip_range_vf=0.2,  # TRL clips the value prediction too
+    vf_coef=0.1,  # TRL's weight of the value loss
+    max_grad_norm=1.0,  # TRL's gradient-norm clip
+)
+LM_REINFORCE = PPOConfig(
+    learning_rate=2e-5,  # as LM_PPO
+    anneal_lr=False,
+    n_epochs=1,  # on-policy: one pass over each batch
+    minibatch_size=16,  # 4 gradient steps per 64-episode batch, as many as one PPO epoch
+    gamma=1.0,
+    clip=False,  # no ratio: the loss is -log pi * A
+    normalize_advantages=False,  # centring the returns would itself be a baseline
+    vf_coef=0.0,  # no critic
+    max_grad_norm=1.0,
+)
+LM_REINFORCE_BASELINE = PPOConfig(
+    learning_rate=2e-5,
+    anneal_lr=False,
+    n_epochs=1,
+    minibatch_size=16,
+    gamma=1.0,
+    clip=False,
+    normalize_advantages=False,  # the learned baseline is the only centring
+    vf_coef=0.1,  # the value head is the baseline, weighted as LM_PPO's
+    max_grad_norm=1.0,
+)
+LM_RLOO = PPOConfig(
+    learning_rate=2e-5,
+    anneal_lr=False,
+    n_epochs=1,  # REINFORCE with a leave-one-out baseline, on-policy
+    minibatch_size=16,  # a multiple of the group size keeps groups whole
+    gamma=1.0,
+    clip=False,
+    normalize_advantages=False,  # the leave-one-out mean is the baseline
+    vf_coef=0.0,  # no critic
+    max_grad_norm=1.0,
+)
+LM_GRPO = PPOConfig(
+    learning_rate=2e-5,
+    anneal_lr=False,
+    n_epochs=4,  # several clipped epochs per batch, as PPO
+    minibatch_size=16,
+    gamma=1.0,
+    normalize_advantages=False,  # advantages are already normalized within each group
+    vf_coef=0.0,  # no critic
+    max_grad_norm=1.0,
+)
+
+GROUP_SIZE = 4  # k of the grouped algorithms (`--group_size`)
+
+ALGORITHMS: dict[str, OnlineAlgorithm] = {
+    a.name: a
+    for a in (
+        OnlineAlgorithm(
+            "ppo",
+            "PPO",
+            "PPO against the reward model with a KL penalty to the frozen SFT reference.",
+            LM_PPO,
+            token_gae,
+            "clipped",
+            uses_critic=True,
+        ),
+        OnlineAlgorithm(
+            "reinforce",
+            "REINFORCE",
+            "REINFORCE on sequences, no baseline (the lesson's Break-the-baseline on a language model).",
+            LM_REINFORCE,
+            token_returns,
+            "pg",
+            uses_critic=False,
+        ),
+        OnlineAlgorithm(
+            "reinforce_baseline",
+            "REINFORCE+baseline",
+            "REINFORCE on sequences with the value head as a learned baseline.",
+            LM_REINFORCE_BASELINE,
+            token_returns_minus_values,
+            "pg",
+            uses_critic=True,
+        ),
+        OnlineAlgorithm(
+            "rloo",
+            "RLOO",
+            "RLOO: k replies per prompt, each baselined by the mean of the other k-1; no critic.",
+            LM_RLOO,
+            group_baseline(rloo_advantages),
+            "pg",
+            uses_critic=False,
+            default_group_size=GROUP_SIZE,
+        ),
+        OnlineAlgorithm(
+            "grpo",
+            "GRPO",
+            "GRPO: k replies per prompt, advantages normalized in the group, clipped loss; "
+            "no critic (--kl_in_loss: k3 KL in the loss).",
+            LM_GRPO,
+            group_baseline(grpo_advantages),
+            "clipped",
+            uses_critic=False,
+            default_group_size=GROUP_SIZE,
+            kl_placements=("reward", "loss"),
+        ),
+    )
+}
+
+
+def get_algorithm(name: str) -> OnlineAlgorithm:
+    if name not in ALGORITHMS:
+        raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+# Offline methods beside the online table (their own stage): label by name, for tables.
+OFFLINE_LABELS = {"dpo": "DPO"}
+
+
+def label(name: str) -> str:
+    """The display label of an online algorithm or an offline method (the name itself if unknown)."""
+    return ALGORITHMS[name].label if name in ALGORITHMS else OFFLINE_LABELS.get(name, name)

@@ -28,13 +28,18 @@ class RewardConfig:
     learning_rate: float = option("Peak AdamW learning rate (cosine decay).", 5e-4)
     min_steps: int = option("At least this many gradient steps: a small preference file gets more epochs.", 100)
     heldout_fraction: float = option(
-        "Share of a --preferences_file's prompts held out (seeded) to report pairwise accuracy on.", 0.1)
+        "Share of a --preferences_file's prompts held out (seeded) to report pairwise accuracy on.", 0.1
+    )
     reward_base: str | None = option(
         "Train the reward model from this model instead of the SFT model: a directory, a .gguf file or smollm2; "
-        "it keeps its own tokenizer and scores the policy's replies as text.", None)
+        "it keeps its own tokenizer and scores the policy's replies as text.",
+        None,
+    )
     trainable_layers: int = option(
         "Transformer blocks that train, counted from the top (-1: all; 0: the scalar head only). Fewer is faster on "
-        "a large model: the backward pass stops below them. LoRA adapters train in every block regardless.", -1)
+        "a large model: the backward pass stops below them. LoRA adapters train in every block regardless.",
+        -1,
+    )
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
@@ -71,13 +76,14 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
     for _ in range(epochs):
         rng.shuffle(order)
         for s in shard(list(range(0, n, cfg.batch_size))):
-            idx = order[s:s + cfg.batch_size]
+            idx = order[s : s + cfg.batch_size]
             prompts = [pairs["prompt"][i] for i in idx]
-            ids, mask = encode_texts(tok, prompts + prompts, [pairs["chosen"][i] for i in idx] +
-                                     [pairs["rejected"][i] for i in idx])
+            ids, mask = encode_texts(
+                tok, prompts + prompts, [pairs["chosen"][i] for i in idx] + [pairs["rejected"][i] for i in idx]
+            )
             r = scorer(ids, mask)
             label = None if labels is None else torch.tensor([float(labels[i]) for i in idx], device=r.device)
-            loss = bradley_terry_loss(r[: len(idx)], r[len(idx):], label)
+            loss = bradley_terry_loss(r[: len(idx)], r[len(idx) :], label)
             for g in opt.param_groups:
                 g["lr"] = cosine_lr(step, steps, cfg.learning_rate, warmup=max(1, steps // 20))
             opt.zero_grad(set_to_none=True)
@@ -89,8 +95,13 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
             bar.update(1)
     bar.close()
     rm.eval()
-    return {"epochs": epochs, "steps": steps, "train_loss_first": float(np.mean(losses[:20])),
-            "train_loss_last": float(np.mean(losses[-20:])), "wall_s": time.perf_counter() - t0}
+    return {
+        "epochs": epochs,
+        "steps": steps,
+        "train_loss_first": float(np.mean(losses[:20])),
+        "train_loss_last": float(np.mean(losses[-20:])),
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def split_pairs(pairs: dict[str, list], fraction: float, seed: int) -> tuple[dict[str, list], dict[str, list]]:
@@ -98,8 +109,10 @@ def split_pairs(pairs: dict[str, list], fraction: float, seed: int) -> tuple[dic
     prompts = sorted(set(pairs["prompt"]))
     random.Random(seed).shuffle(prompts)
     held = set(prompts[: int(len(prompts) * fraction)])
-    pick = lambda keep: {c: [v for v, p in zip(col, pairs["prompt"]) if (p in held) == keep]  # noqa: E731
-                         for c, col in pairs.items()}
+    pick = lambda keep: {
+        c: [v for v, p in zip(col, pairs["prompt"]) if (p in held) == keep]  # noqa: E731
+        for c, col in pairs.items()
+    }
     return pick(False), pick(True)
 
 
@@ -118,7 +131,7 @@ def pairwise_accuracy(rm, tok, prompts: list[str], groups: list[list[str]], gold
     k, correct, total, i = 0, 0, 0, 0
     for g_scores in gold:
         k = len(g_scores)
-        block = s[i:i + k]
+        block = s[i : i + k]
         for a in range(k):
             for b in range(a + 1, k):
                 if g_scores[a] != g_scores[b]:

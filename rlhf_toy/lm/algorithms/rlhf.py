@@ -1,9 +1,10 @@
-"""PPO with a KL penalty to the frozen reference: the RLHF step, in numbered stages, on the shared core.
+"""The online RLHF step with a KL penalty to the frozen reference, in numbered stages, on the shared core.
 
 One step: (1) sample responses for a batch of prompts; (2) log-probs of policy and reference at the sampling
 temperature, and values; (3) reward-model scores (and gold scores, for logging only); (4) per-token rewards
--beta * KL plus the score at the last real token; (5) advantages by the core's `gae` over response tokens
-with the padding mask; (6) the core's `ppo_update` (clipped policy loss, clipped value loss, minibatch epochs).
+-beta * KL plus the score at the last real token; (5) advantages by the algorithm's own function (`online.py`:
+the core's `gae` for PPO, group baselines for RLOO and GRPO, ...); (6) the core's `ppo_update` with the
+algorithm's policy loss (clipped surrogate or plain policy gradient, value loss, minibatch epochs).
 """
 
 from __future__ import annotations
@@ -23,49 +24,16 @@ from rlhf_toy.errors import UserError
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
 
+from ..models.base import context_length
 from ..models.causal_lm import response_logprobs
 from ..models.chat import encode_prompts
-from ..models.hf import autocast, context_length, is_lora, model_device, reference_mode, trainable_parameters
+from ..models.devices import autocast, model_device
+from ..models.lora import is_lora, reference_mode, trainable_parameters
 from ..models.policy import PolicyWithValueHead
 from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, sample
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
-from .online import (
-    LM_GRPO,
-    LM_REINFORCE,
-    LM_REINFORCE_BASELINE,
-    LM_RLOO,
-    POLICY_LOSS,
-    advantages_and_returns,
-    check_algorithm,
-    needs_values,
-)
-
-# The PPO preset for language models, one complete PPOConfig (TRL-like). Comments mark what differs from
-# PPOConfig's defaults.
-LM_PPO = PPOConfig(
-    learning_rate=2e-5,  # differs (3e-4): fine-tuning a pretrained (SFT) model takes small steps
-    anneal_lr=False,  # differs (True): constant, as TRL
-    n_epochs=4,  # differs (10): TRL's 4 PPO epochs per batch
-    minibatch_size=16,  # differs (64): 16 sequences per gradient step, 4 per 64-prompt batch
-    gamma=1.0,  # differs (0.99): no discount within a reply of a few dozen tokens
-    gae_lambda=0.95,
-    clip=True,
-    clip_range=0.2,
-    anneal_clip=False,
-    clip_range_vf=0.2,  # differs (None): TRL clips the value prediction too
-    normalize_advantages=True,
-    ent_coef=0.0,
-    vf_coef=0.1,  # differs (0.5): TRL's weight of the value loss
-    max_grad_norm=1.0,  # differs (0.5): TRL's gradient-norm clip
-    target_kl=None,
-    adam_eps=1e-5,
-)
-
-
-# Each online algorithm's complete preset, by name (the commands' defaults, the comparison's settings).
-PRESETS: dict[str, PPOConfig] = {"ppo": LM_PPO, "reinforce": LM_REINFORCE, "reinforce_baseline": LM_REINFORCE_BASELINE,
-                                 "rloo": LM_RLOO, "grpo": LM_GRPO}
+from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
 
 
 def lm_ppo_config(**overrides: Any) -> PPOConfig:
@@ -87,20 +55,31 @@ class RLHFConfig:
     kl_horizon: int = option("Horizon (episodes) of the adaptive controller.", 10_000)
     kl_estimator: str = option("Per-token KL estimator: k1 or k3.", "k1")
     kl_limit: float | None = option(
-        "Stop when the moving-average KL exceeds this, keeping the last policy under it (None: never).", None)
+        "Stop, before updating, once the moving-average KL of the sampled policies exceeds this: the policy kept "
+        "is the last one updated while the average was under it (None: never).",
+        None,
+    )
     kl_limit_window: int = option("Steps in the KL moving average.", 5)
     missing_eos_penalty: float | None = option(
-        "Subtract this from the score of a response that never emitted EOS (None: no penalty).", None)
+        "Subtract this from the score of a response that never emitted EOS (None: no penalty).", None
+    )
     whiten_rewards: bool = option("Whiten per-token rewards (scale only).", False)
     value_lr_scale: float = option("Value head learning rate / policy's.", 50.0)
     stop_at_eos: bool = option("Stop generation at EOS (off: fixed length).", True)
     save_every: int = option("Checkpoint every this many steps (0: only at the end).", 25)
-    group_size: int = option("Replies sampled per prompt (RLOO, GRPO: k >= 2); a step draws batch_size / "
-                             "group_size prompts.", 1)
-    kl_in_loss: bool = option("GRPO: the KL penalty as a k3 term in the loss (DeepSeekMath) instead of in the "
-                              "reward.", False)
-    reward_reads: str = option("How the reward model reads replies: auto (token ids when it shares the policy's "
-                               "tokenizer, else text), ids, or text.", "auto")
+    group_size: int = option(
+        "Replies sampled per prompt (RLOO, GRPO: k >= 2); a step draws batch_size / group_size prompts.", 1
+    )
+    kl_in_loss: bool = option(
+        "The KL penalty as a k3 term in the loss (DeepSeekMath) instead of in the reward; "
+        "only for algorithms that place it there (GRPO).",
+        False,
+    )
+    reward_reads: str = option(
+        "How the reward model reads replies: auto (token ids when it shares the policy's "
+        "tokenizer, else text), ids, or text.",
+        "auto",
+    )
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "max_new_tokens", "kl_horizon", "kl_limit_window"):
@@ -147,15 +126,32 @@ def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, tempe
     return response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)[0]
 
 
-def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, prompts: list[str], beta: float,
-                    cfg: RLHFConfig, ppo: PPOConfig, algorithm: str = "ppo") -> Experience:
+def make_experience(
+    policy: PolicyWithValueHead,
+    ref_model,
+    reward_model,
+    tok,
+    prompts: list[str],
+    beta: float,
+    cfg: RLHFConfig,
+    ppo: PPOConfig,
+    algorithm: OnlineAlgorithm,
+) -> Experience:
     """One batch of rollouts, on the policy's device. `ref_model=None`: the LoRA policy with adapters off.
-    `algorithm` (see `online.py`) decides how rewards become advantages; groups are consecutive prompts."""
+    `algorithm` (a record of `online.ALGORITHMS`) decides how rewards become advantages; groups are consecutive
+    prompts."""
     # 1. Sample from the current policy (torch's global RNG). Without a critic, the sampler's own logits give the
     #    policy's log-probs, and the forward pass of step 2 is saved.
-    critic = needs_values(algorithm, ppo)
-    s = sample(policy.lm, tok, prompts, cfg.max_new_tokens, cfg.temperature, stop_at_eos=cfg.stop_at_eos,
-               with_logprobs=not critic)
+    critic = algorithm.needs_values(ppo)
+    s = sample(
+        policy.lm,
+        tok,
+        prompts,
+        cfg.max_new_tokens,
+        cfg.temperature,
+        stop_at_eos=cfg.stop_at_eos,
+        with_logprobs=not critic,
+    )
     obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
     with torch.no_grad():
         # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
@@ -173,16 +169,17 @@ def make_experience(policy: PolicyWithValueHead, ref_model, reward_model, tok, p
         rewards = shaped_rewards(scores, kl, mask, beta)
         if cfg.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
-        # 5. Advantages: GAE for PPO, returns for REINFORCE, group baselines for RLOO and GRPO (`online.py`).
+        # 5. Advantages: the algorithm's own function (GAE for PPO, group baselines for RLOO and GRPO, ...).
         values = values * mask
-        adv, ret = advantages_and_returns(algorithm, rewards, scores, kl, values, mask, beta, ppo, cfg.group_size,
-                                          cfg.kl_in_loss)
+        signals = Signals(rewards, scores, kl, values, mask, beta, cfg.kl_in_loss)
+        adv, ret = algorithm.advantages(signals, ppo, cfg.group_size)
     batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv, ret, mask, ref_logprobs)
     return Experience(batch, scores.float(), kl, s.texts, s.eos, entropy)
 
 
 class RLHFTrainer:
-    """Holds the four roles (policy + value head, frozen reference, reward model) and runs PPO steps.
+    """Holds the three roles (policy with its value head, frozen reference, reward model) and runs steps of an
+    online algorithm (`algorithm`: a name in `online.ALGORITHMS`).
 
     `sft_model` is any transformers causal LM (on any device: everything follows its device), or a peft LoRA
     model: then only the adapters train and the reference is the same network with the adapters off (no copy).
@@ -190,22 +187,39 @@ class RLHFTrainer:
     `(prompts, texts) -> scores`.
     """
 
-    def __init__(self, sft_model, reward_model, tok, cfg: RLHFConfig, ppo: PPOConfig, prompts: list[str],
-                 seed: int, judge=None, ref_model=None, algorithm: str = "ppo") -> None:
-        check_algorithm(algorithm, cfg.group_size, cfg.batch_size)
+    def __init__(
+        self,
+        sft_model,
+        reward_model,
+        tok,
+        cfg: RLHFConfig,
+        ppo: PPOConfig,
+        prompts: list[str],
+        seed: int,
+        judge=None,
+        ref_model=None,
+        algorithm: str = "ppo",
+    ) -> None:
+        self.algorithm = get_algorithm(algorithm)
+        self.algorithm.check(cfg.group_size, cfg.batch_size, ppo.minibatch_size, cfg.kl_in_loss)
         if cfg.batch_size // cfg.group_size > len(prompts):
-            raise UserError(f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
-                            "lower --batch_size or use more prompts")
+            raise UserError(
+                f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
+                "lower --batch_size or use more prompts"
+            )
         if ppo.minibatch_size > cfg.batch_size:
-            raise UserError(f"minibatch_size ({ppo.minibatch_size}) is larger than the batch ({cfg.batch_size} "
-                            "episodes per step); lower --minibatch_size or raise --batch_size")
+            raise UserError(
+                f"minibatch_size ({ppo.minibatch_size}) is larger than the batch ({cfg.batch_size} "
+                "episodes per step); lower --minibatch_size or raise --batch_size"
+            )
         longest = max(len(p) for p in encode_prompts(tok, prompts))
         context = context_length(sft_model.config)
         if longest + cfg.max_new_tokens + 1 > context:
-            raise UserError(f"prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) + EOS exceeds the "
-                            f"context of {context}; lower --max_new_tokens")
+            raise UserError(
+                f"prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) + EOS exceeds the "
+                f"context of {context}; lower --max_new_tokens"
+            )
         self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
-        self.algorithm = algorithm
         seed = seed + rank_and_world()[0]  # data-parallel ranks draw different prompts and samples
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
         # The frozen reference: the SFT model (a copy of the starting policy unless given, e.g. on resume), or
@@ -219,13 +233,18 @@ class RLHFTrainer:
         self.reward_model = reward_model
         self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature)  # eval(): dropout stays off
         # Two param groups: the language model, and the fresh value head at `value_lr_scale` times its lr.
-        self.optimizer = make_optimizer([{"params": trainable_parameters(self.policy.lm)},
-                                         {"params": list(self.policy.value_head.parameters())}], ppo)
+        self.optimizer = make_optimizer(
+            [{"params": trainable_parameters(self.policy.lm)}, {"params": list(self.policy.value_head.parameters())}],
+            ppo,
+        )
         self.lr_scales = (1.0, cfg.value_lr_scale)
         # Under torchrun: DDP averages the update's gradients across ranks (and broadcasts rank 0's weights now).
         self.update_policy = data_parallel(self.policy, actor_critic=True)
-        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
-                       else FixedKLController(cfg.kl_coef))
+        self.kl_ctl = (
+            AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+            if cfg.adaptive_kl
+            else FixedKLController(cfg.kl_coef)
+        )
         self.kl_average = MovingAverage(cfg.kl_limit_window)
         self.step_count = 0
         self.prompt_generator = torch.Generator().manual_seed(seed)
@@ -247,28 +266,48 @@ class RLHFTrainer:
         t0 = time.perf_counter()
         prompts = self.next_prompts()
         beta = self.kl_ctl.beta
-        exp = make_experience(self.policy, self.ref_model, self.reward_model, self.tok, prompts, beta, self.cfg,
-                              self.ppo, self.algorithm)
+        exp = make_experience(
+            self.policy, self.ref_model, self.reward_model, self.tok, prompts, beta, self.cfg, self.ppo, self.algorithm
+        )
         t_rollout = time.perf_counter() - t0
-        before = copy.deepcopy(self.policy.state_dict()) if self.cfg.kl_limit is not None else None
-        stats = ppo_update(self.update_policy, self.optimizer, exp.batch, self.ppo,
-                           progress=self.step_count / max(1, self.cfg.steps), generator=self.update_generator,
-                           lr_scales=self.lr_scales, policy_loss=POLICY_LOSS[self.algorithm],
-                           kl_loss_coef=beta if self.algorithm == "grpo" and self.cfg.kl_in_loss else 0.0,
-                           group_size=self.cfg.group_size)  # RLOO's and GRPO's groups stay whole in minibatches
-        self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
         mask = exp.batch.mask
         seq_kl = exp.kl.sum(1)
+        # --kl_limit decides before the update: once the sampled policies' moving-average KL is over the limit,
+        # this step's update is not applied, so the policy kept is the last one updated under it (nothing copied).
+        ma = self.kl_average.add(mean_across_ranks({"kl": seq_kl.mean().item()})["kl"])
+        self.stopped_by_kl_limit = self.cfg.kl_limit is not None and ma > self.cfg.kl_limit
+        stats = (
+            {}
+            if self.stopped_by_kl_limit
+            else ppo_update(
+                self.update_policy,
+                self.optimizer,
+                exp.batch,
+                self.ppo,
+                progress=self.step_count / max(1, self.cfg.steps),
+                generator=self.update_generator,
+                lr_scales=self.lr_scales,
+                policy_loss=self.algorithm.policy_loss,
+                kl_loss_coef=beta if self.cfg.kl_in_loss else 0.0,
+                group_size=self.cfg.group_size,
+            )
+        )  # groups stay whole in minibatches
+        self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
         self.step_count += 1
         # Namespaced as CleanRL's and TRL's logs: objective/ (what is optimized), policy/ (what the policy does),
         # ppo/ (the update's diagnostics), time/.
         metrics = {
-            "step": self.step_count, "objective/score": exp.scores.mean().item(), "objective/kl": seq_kl.mean().item(),
-            "objective/beta": beta, "objective/non_score_reward": (-beta * seq_kl).mean().item(),
+            "step": self.step_count,
+            "objective/score": exp.scores.mean().item(),
+            "objective/kl": seq_kl.mean().item(),
+            "objective/beta": beta,
+            "objective/non_score_reward": (-beta * seq_kl).mean().item(),
             "policy/entropy": masked_mean(exp.entropy, mask).item(),
-            "policy/response_length": mask.sum(1).mean().item(), "policy/eos_rate": exp.eos.float().mean().item(),
+            "policy/response_length": mask.sum(1).mean().item(),
+            "policy/eos_rate": exp.eos.float().mean().item(),
             **{f"ppo/{k}": v for k, v in stats.items()},
-            "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
+            "time/rollout_s": t_rollout,
+            "time/step_s": time.perf_counter() - t0,
         }
         if self.judge is not None:
             metrics["objective/gold"] = float(np.mean(self.judge(prompts, exp.texts)))
@@ -276,11 +315,7 @@ class RLHFTrainer:
         metrics = mean_across_ranks(metrics)
         check_in_sync(self.policy)  # DDP keeps the ranks' weights identical; a cheap check that it did
         self.kl_ctl.update(metrics["objective/kl"], self.cfg.batch_size)
-        ma = self.kl_average.add(metrics["objective/kl"])
         metrics["objective/kl_moving_average"] = ma
-        if self.cfg.kl_limit is not None and ma > self.cfg.kl_limit:
-            self.policy.load_state_dict(before)  # roll back the step that crossed the limit
-            self.stopped_by_kl_limit = True
         return metrics
 
     # Checkpoints: the policy in Hugging Face format, the rest (value head, optimizer, controller, RNG) beside it.
@@ -288,19 +323,31 @@ class RLHFTrainer:
         """The trainer's state; a collective call under torchrun (the RNG states are every rank's, in rank order,
         so that a resumed run draws what each rank would have drawn)."""
         return {
-            "step": self.step_count, "value_head": self.policy.value_head.state_dict(),
-            "optimizer": self.optimizer.state_dict(), "beta": float(self.kl_ctl.beta),
-            "kl_values": list(self.kl_average.values), "world_size": rank_and_world()[1],
-            "rng": gather({"torch": torch.get_rng_state(), "prompt": self.prompt_generator.get_state(),
-                           "update": self.update_generator.get_state()}),
-            "config": asdict(self.cfg), "ppo": self.ppo.to_dict(), "stopped_by_kl_limit": self.stopped_by_kl_limit,
+            "step": self.step_count,
+            "value_head": self.policy.value_head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "beta": float(self.kl_ctl.beta),
+            "kl_values": list(self.kl_average.values),
+            "world_size": rank_and_world()[1],
+            "rng": gather(
+                {
+                    "torch": torch.get_rng_state(),
+                    "prompt": self.prompt_generator.get_state(),
+                    "update": self.update_generator.get_state(),
+                }
+            ),
+            "config": asdict(self.cfg),
+            "ppo": self.ppo.to_dict(),
+            "stopped_by_kl_limit": self.stopped_by_kl_limit,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         rank, world = rank_and_world()
         if int(state.get("world_size", 1)) != world:
-            raise UserError(f"the checkpoint was written by {state.get('world_size', 1)} process(es), this run has "
-                            f"{world}; resume with the same --nproc_per_node")
+            raise UserError(
+                f"the checkpoint was written by {state.get('world_size', 1)} process(es), this run has "
+                f"{world}; resume with the same --nproc_per_node"
+            )
         self.step_count = int(state["step"])
         self.policy.value_head.load_state_dict(state["value_head"])
         self.optimizer.load_state_dict(state["optimizer"])

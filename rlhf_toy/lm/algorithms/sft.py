@@ -17,7 +17,7 @@ from rlhf_toy.distributed import data_parallel, rank_and_world, shard
 from rlhf_toy.errors import UserError
 
 from ..models.chat import encode_prompts, encode_responses, pad_sequences
-from ..models.hf import model_device
+from ..models.devices import model_device
 
 PairIds = list[tuple[list[int], list[int]]]  # (prompt ids, response ids + EOS) per pair
 
@@ -50,16 +50,17 @@ def encode_pairs(tok, pairs: list[tuple[str, str]], n_positions: int) -> tuple[P
     return kept, len(pairs) - len(kept)
 
 
-def sft_batches(pairs_ids: PairIds, batch_size: int, pad_id: int, generator: torch.Generator | None,
-                shuffle: bool = True) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+def sft_batches(
+    pairs_ids: PairIds, batch_size: int, pad_id: int, generator: torch.Generator | None, shuffle: bool = True
+) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """Yield `(ids, mask, labels)` right-padded batches `[b, L]`; labels are -100 on the prompt and on padding."""
     order = torch.randperm(len(pairs_ids), generator=generator).tolist() if shuffle else list(range(len(pairs_ids)))
     for start in range(0, len(order), batch_size):
-        chunk = [pairs_ids[i] for i in order[start: start + batch_size]]
+        chunk = [pairs_ids[i] for i in order[start : start + batch_size]]
         ids, mask = pad_sequences([p + r for p, r in chunk], pad_id, "right")
         labels = torch.full_like(ids, -100)
         for i, (p, r) in enumerate(chunk):
-            labels[i, len(p): len(p) + len(r)] = torch.tensor(r)
+            labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
         yield ids, mask, labels
 
 
@@ -69,8 +70,7 @@ def lm_loss(model, ids: Tensor, mask: Tensor, labels: Tensor) -> tuple[Tensor, i
     ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     target = labels[:, 1:]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
-                           reduction="sum")
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum")
     return loss, int((target != -100).sum())
 
 
@@ -91,16 +91,20 @@ def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def train_sft(model, tok, train_ids: PairIds, eval_ids: PairIds, cfg: SFTConfig, seed: int,
-              progress: bool = True) -> dict:
+def train_sft(
+    model, tok, train_ids: PairIds, eval_ids: PairIds, cfg: SFTConfig, seed: int, progress: bool = True
+) -> dict:
     """Train in place; returns the loss history (mean per response token)."""
     if not train_ids:
         raise UserError("no SFT pair fits the context; raise --n_positions or use shorter texts")
     generator = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.learning_rate,
+        betas=(0.9, 0.98),
+    )
     # Under torchrun each rank takes its share of every epoch's batches (batch_size is per rank) and DDP averages
     # the gradients; in one process `data_parallel` and `shard` change nothing.
     trained = data_parallel(model)

@@ -63,14 +63,14 @@ def sample_groups(model, tok, prompts: list[str], judge: Judge, cfg: PreferenceC
     rng = random.Random(seed)
     flat_prompts = [p for p in prompts for _ in range(cfg.k)]
     texts = sample(model, tok, flat_prompts, cfg.max_new_tokens, cfg.temperature).texts
-    responses = [texts[i * cfg.k:(i + 1) * cfg.k] for i in range(len(prompts))]
+    responses = [texts[i * cfg.k : (i + 1) * cfg.k] for i in range(len(prompts))]
     if len(prompts) > 1:
         for i in range(len(prompts)):
             if rng.random() < cfg.offtopic_fraction:
                 other = (i + rng.randrange(1, len(prompts))) % len(prompts)
                 responses[i][rng.randrange(cfg.k)] = rng.choice(responses[other])
     scores_flat = judge([p for p in prompts for _ in range(cfg.k)], [r for group in responses for r in group])
-    scores = [scores_flat[i * cfg.k:(i + 1) * cfg.k] for i in range(len(prompts))]
+    scores = [scores_flat[i * cfg.k : (i + 1) * cfg.k] for i in range(len(prompts))]
     return Groups(prompts, responses, scores)
 
 
@@ -88,8 +88,7 @@ def pairs_from_groups(groups: Groups, cfg: PreferenceConfig, seed: int) -> dict[
                     win, lose, label = (a, b, p_a) if p_a >= 0.5 else (b, a, 1.0 - p_a)
                 else:
                     win, lose, label = (a, b, 1.0) if rng.random() < p_a else (b, a, 1.0)
-                for col, v in zip(COLUMNS, (prompt, responses[win], responses[lose], scores[win], scores[lose],
-                                            label)):
+                for col, v in zip(COLUMNS, (prompt, responses[win], responses[lose], scores[win], scores[lose], label)):
                     rows[col].append(v)
     return rows
 
@@ -98,12 +97,16 @@ def check_preferences(ds, where: str) -> None:
     """A preference dataset needs prompt/chosen/rejected columns and at least one row."""
     missing = [c for c in ("prompt", "chosen", "rejected") if c not in ds.column_names]
     if missing:
-        raise UserError(f"{where} lacks the column(s) {missing}; a preference file needs prompt, chosen and rejected "
-                        f"(it has {ds.column_names})")
+        raise UserError(
+            f"{where} lacks the column(s) {missing}; a preference file needs prompt, chosen and rejected "
+            f"(it has {ds.column_names})"
+        )
     if len(ds) == 0:
         raise UserError(f"{where} holds no preference pairs; sample more prompts or check the judge's scores differ")
     for column in ("prompt", "chosen", "rejected"):
         for i, value in enumerate(ds[column]):
             if not isinstance(value, str):
-                raise UserError(f"{where}: row {i + 1} has a {type(value).__name__} in '{column}' ({value!r}), not "
-                                "a text; every prompt, chosen and rejected must be a string")
+                raise UserError(
+                    f"{where}: row {i + 1} has a {type(value).__name__} in '{column}' ({value!r}), not "
+                    "a text; every prompt, chosen and rejected must be a string"
+                )

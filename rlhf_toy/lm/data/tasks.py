@@ -84,8 +84,12 @@ def helpdesk_chat_judge() -> Judge:
     analyzer = _vader()
 
     def judge(prompts: list[str], responses: list[str]) -> list[float]:
-        return [max(-1.0, analyzer.polarity_scores(r)["compound"] - 0.02 * max(0, len(r.split()) - CONCISE_WORDS))
-                if names_topic(p, r) else -1.0 for p, r in zip(prompts, responses)]
+        return [
+            max(-1.0, analyzer.polarity_scores(r)["compound"] - 0.02 * max(0, len(r.split()) - CONCISE_WORDS))
+            if names_topic(p, r)
+            else -1.0
+            for p, r in zip(prompts, responses)
+        ]
 
     return judge
 
@@ -102,8 +106,9 @@ def helpdesk_judge() -> Judge:
 def helpdesk_task(n_train: int = 20_000, n_eval: int = 1_000, seed: int = 0) -> Task:
     train = [(d.prompt, d.response) for d in helpdesk.generate(n_train, seed, "train")]
     evals = [(d.prompt, d.response) for d in helpdesk.generate(n_eval, seed, "eval")]
-    return Task("helpdesk", train, evals, helpdesk_judge(), has_topic=True,
-                entropy_floor_nats=helpdesk.response_entropy_nats())
+    return Task(
+        "helpdesk", train, evals, helpdesk_judge(), has_topic=True, entropy_floor_nats=helpdesk.response_entropy_nats()
+    )
 
 
 def chatterbot_pairs() -> list[tuple[str, str]]:
@@ -142,11 +147,15 @@ def load_judge(spec: str) -> Judge:
     try:
         fn = getattr(importlib.import_module(mod_name), fn_name)
     except (ImportError, AttributeError) as exc:
-        raise UserError(f"cannot import judge '{spec}' ({type(exc).__name__}: {exc}); check the module is on "
-                        "PYTHONPATH and the function name") from exc
+        raise UserError(
+            f"cannot import judge '{spec}' ({type(exc).__name__}: {exc}); check the module is on "
+            "PYTHONPATH and the function name"
+        ) from exc
     if not callable(fn):
-        raise UserError(f"judge '{spec}' is a {type(fn).__name__}, not a function; name a function that takes "
-                        "text or (prompt, response) and returns a number")
+        raise UserError(
+            f"judge '{spec}' is a {type(fn).__name__}, not a function; name a function that takes "
+            "text or (prompt, response) and returns a number"
+        )
     pair = _judge_arity(fn, spec) == 2
 
     def judge(prompts: list[str], responses: list[str]) -> list[float]:
@@ -155,8 +164,9 @@ def load_judge(spec: str) -> Judge:
             try:
                 v = fn(p, r) if pair else fn(r)
             except Exception as exc:
-                raise UserError(f"judge '{spec}' failed on a reply ({type(exc).__name__}: {exc}); fix the judge") \
-                    from None
+                raise UserError(
+                    f"judge '{spec}' failed on a reply ({type(exc).__name__}: {exc}); fix the judge"
+                ) from None
             try:
                 v = float(v)
             except (TypeError, ValueError):
@@ -182,8 +192,10 @@ def _judge_arity(fn: Callable[..., Any], spec: str) -> int:
             return n
         except TypeError:
             continue
-    raise UserError(f"judge '{spec}' takes {len(sig.parameters)} argument(s) {tuple(sig.parameters)}; it must take "
-                    "text, or prompt and response")
+    raise UserError(
+        f"judge '{spec}' takes {len(sig.parameters)} argument(s) {tuple(sig.parameters)}; it must take "
+        "text, or prompt and response"
+    )
 
 
 Pairs = list[tuple[str, str]]
@@ -195,8 +207,7 @@ def load_pairs(path: str, eval_fraction: float = 0.1, seed: int = 0) -> tuple[Pa
     cols = set(ds.column_names)
     resp_col = "response" if "response" in cols else "chosen" if "chosen" in cols else None
     if "prompt" not in cols or resp_col is None:
-        raise UserError(f"{path} needs a 'prompt' column and a 'response' (or 'chosen') column; it has "
-                        f"{sorted(cols)}")
+        raise UserError(f"{path} needs a 'prompt' column and a 'response' (or 'chosen') column; it has {sorted(cols)}")
     pairs = [(str(p), str(r)) for p, r in zip(ds["prompt"], ds[resp_col]) if p and r]
     if not pairs:
         raise UserError(f"{path} holds no non-empty (prompt, response) rows")

@@ -17,10 +17,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from rlhf_toy.config import check, option
 
-from .hf import model_device
+from .devices import model_device
 
 
 @dataclass
@@ -40,14 +41,22 @@ class ModelConfig:
 
 def new_causal_lm(tok, cfg: ModelConfig, seed: int = 0):
     """A freshly initialised GPT-2 with `tok`'s vocabulary and special tokens, dropout off."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-                        n_head=cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        # GPT-2's tanh GELU, as one fused op instead of GPT-2's default chain of Python ops.
-                        activation_function="gelu_pytorch_tanh",
-                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=cfg.n_positions,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        # GPT-2's tanh GELU, as one fused op instead of GPT-2's default chain of Python ops.
+        activation_function="gelu_pytorch_tanh",
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -99,12 +108,19 @@ def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, T
     _, index = torch.unique(rows, dim=0, return_inverse=True)
     B = len(rows)
     first = torch.full((int(index.max()) + 1,), B, device=rows.device).scatter_reduce_(
-        0, index, torch.arange(B, device=rows.device), "amin")
+        0, index, torch.arange(B, device=rows.device), "amin"
+    )
     return first, index
 
 
-def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                      temperature: float = 1.0, return_hidden: bool = False):
+def response_logprobs(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    temperature: float = 1.0,
+    return_hidden: bool = False,
+):
     """Log-probs of the response tokens under `model`, logits divided by `temperature`.
 
     `prompt_ids/prompt_mask [B, P]` left-padded; `response_ids [B, R]` (any value after EOS).
@@ -120,8 +136,9 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     if shares_prompts(model):
         first, index = distinct_prompts(prompt_ids, prompt_mask)
         if len(first) < len(prompt_ids):
-            logits, hidden = shared_prompt_forward(model, prompt_ids, prompt_mask, response_ids, first, index,
-                                                   return_hidden)
+            logits, hidden = shared_prompt_forward(
+                model, prompt_ids, prompt_mask, response_ids, first, index, return_hidden
+            )
             logprobs, entropy = token_logprobs(logits, response_ids, temperature)
             return (logprobs, entropy, hidden) if return_hidden else (logprobs, entropy)
     ids = torch.cat([prompt_ids, response_ids], 1)
@@ -130,21 +147,38 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     # Only the last R + 1 positions' logits are needed: the LM head skips the prompt (for a real vocabulary,
     # 49k for SmolLM2, that is most of a [B, P + R, V] tensor). Models without the argument give them all.
     keep = {"logits_to_keep": R + 1} if keeps_logits(model) else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                output_hidden_states=return_hidden, **keep)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), output_hidden_states=return_hidden, **keep
+    )
     # position t predicts token t + 1: positions P - 1 ... P + R - 2, the same slice whichever logits came back
-    logprobs, entropy = token_logprobs(out.logits[:, -(R + 1):-1], response_ids, temperature)
+    logprobs, entropy = token_logprobs(out.logits[:, -(R + 1) : -1], response_ids, temperature)
     if return_hidden:
-        return logprobs, entropy, out.hidden_states[-1][:, P - 1: P + R - 1]
+        return logprobs, entropy, out.hidden_states[-1][:, P - 1 : P + R - 1]
     return logprobs, entropy
 
 
-def shared_prompt_forward(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, first: Tensor,
-                          index: Tensor, return_hidden: bool) -> tuple[Tensor, Tensor | None]:
+def shared_prompt_forward(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    first: Tensor,
+    index: Tensor,
+    return_hidden: bool,
+) -> tuple[Tensor, Tensor | None]:
     """The logits `[B, R, V]` that predict each response token (and the last hidden states there, `[B, R, H]`),
     with each distinct prompt `prompt_ids[first]` run once (`run_on_shared_prompts`)."""
-    head, tail = run_on_shared_prompts(model, prompt_ids, prompt_mask, response_ids, torch.ones_like(response_ids),
-                                       first, index, {"logits_to_keep": 1}, output_hidden_states=return_hidden)
+    head, tail = run_on_shared_prompts(
+        model,
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        torch.ones_like(response_ids),
+        first,
+        index,
+        {"logits_to_keep": 1},
+        output_hidden_states=return_hidden,
+    )
     # the prompt's last position predicts the first response token, response position t the token t + 1
     logits = torch.cat([head.logits[index], tail.logits[:, :-1]], 1)
     if not return_hidden:
@@ -152,19 +186,38 @@ def shared_prompt_forward(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
     return logits, torch.cat([head.hidden_states[-1][index, -1:], tail.hidden_states[-1][:, :-1]], 1)
 
 
-def run_on_shared_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, tail_ids: Tensor, tail_mask: Tensor,
-                          first: Tensor, index: Tensor, head_kwargs: dict[str, Any] | None = None,
-                          **kwargs: Any) -> tuple[Any, Any]:
+def run_on_shared_prompts(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    tail_ids: Tensor,
+    tail_mask: Tensor,
+    first: Tensor,
+    index: Tensor,
+    head_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
     """`model`'s outputs on the distinct prompts `prompt_ids[first]` (left-padded, `[G, P]`), then on each row's
     tail `[B, T]` (right-padded by `tail_mask`) on top of its prompt's KV cache, repeated per row (`index`): the
     forward pass of `[prompt, tail]` with each shared prompt computed once (transformers 5's `cache` argument;
     gradients flow back through the repeated cache). `kwargs` go to both calls, `head_kwargs` to the first."""
     ids, mask = prompt_ids[first], prompt_mask[first]
-    head = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
-                 **(head_kwargs or {}), **kwargs)
+    head = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=position_ids(mask),
+        use_cache=True,
+        **(head_kwargs or {}),
+        **kwargs,
+    )
     cache = head.cache
     cache.reorder_cache(index)  # row b gets its prompt's keys and values (index_select)
     full_mask = torch.cat([prompt_mask, tail_mask], 1)
-    tail = model(input_ids=tail_ids, attention_mask=full_mask,
-                 position_ids=position_ids(full_mask)[:, prompt_ids.shape[1]:], cache=cache, **kwargs)
+    tail = model(
+        input_ids=tail_ids,
+        attention_mask=full_mask,
+        position_ids=position_ids(full_mask)[:, prompt_ids.shape[1] :],
+        cache=cache,
+        **kwargs,
+    )
     return head, tail

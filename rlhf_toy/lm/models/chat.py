@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from rlhf_toy.errors import UserError
 
@@ -38,17 +40,19 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
     Byte-level means any text can be encoded (no unknown tokens), and decoding restores it exactly.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
-                                   additional_special_tokens=[USER, BOT])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, additional_special_tokens=[USER, BOT]
+    )
     fast.padding_side = "left"  # prompts are left-padded for generation
     if out_dir is not None:
         fast.save_pretrained(str(out_dir))
@@ -56,10 +60,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
 
 def load_tokenizer(path: str | os.PathLike[str]):
-    from transformers import AutoTokenizer
-
-    from .hf import prepare_tokenizer
-
     if not any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise UserError(f"no tokenizer in {path}; run the 'tokenizer' stage first (or pass the right --run_dir)")
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -83,16 +83,20 @@ def check_tokenizer_matches(tok, model, what: str) -> None:
     vocab = model.config.vocab_size
     fits = vocab == len(tok) if own_format(tok) else len(tok) <= vocab
     if not fits:
-        raise UserError(f"the tokenizer does not match the {what} (vocab {len(tok)} vs {vocab}); use the tokenizer "
-                        "saved with that model")
+        raise UserError(
+            f"the tokenizer does not match the {what} (vocab {len(tok)} vs {vocab}); use the tokenizer "
+            "saved with that model"
+        )
 
 
 def encode_prompts(tok, prompts: list[str]) -> list[list[int]]:
     """Token ids of each prompt, ending where the reply begins: the model's chat template with the generation
     prompt if it has one, this project's format (user turn + bot marker) otherwise."""
     if getattr(tok, "chat_template", None):
-        texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                 for p in prompts]
+        texts = [
+            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
         return [tok.encode(t, add_special_tokens=False) for t in texts]
     return [tok.encode(prompt_text(p)) for p in prompts]
 
@@ -127,6 +131,24 @@ def check_fits(prompt_ids: list[list[int]], n_positions: int, min_response: int,
     """Every prompt must leave room for a `min_response`-token reply in the context."""
     longest = max(len(p) for p in prompt_ids)
     if longest + min_response > n_positions:
-        raise UserError(f"a {what} prompt is {longest} tokens, too long for the context of {n_positions} with room "
-                        f"for a {min_response}-token response; shorten it, lower --max_new_tokens or raise "
-                        "--n_positions")
+        raise UserError(
+            f"a {what} prompt is {longest} tokens, too long for the context of {n_positions} with room "
+            f"for a {min_response}-token response; shorten it, lower --max_new_tokens or raise "
+            "--n_positions"
+        )
+
+
+def prepare_tokenizer(tok) -> None:
+    """Give a tokenizer without a PAD token one, for filling tensors only.
+
+    Llama-style tokenizers have no PAD; PAD = EOS here is only a fill value: every mask in this project comes
+    from sequence lengths (and the first EOS of a reply), never from comparing ids with PAD, so EOS stays a
+    learnable end of reply.
+    """
+    if tok.eos_token_id is None:
+        raise UserError(
+            "the tokenizer has no EOS token, so replies cannot end; pass a chat or language model's "
+            "tokenizer with an EOS token"
+        )
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token

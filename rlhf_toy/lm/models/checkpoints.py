@@ -10,17 +10,18 @@ import json
 import os
 from pathlib import Path
 
+from transformers import AutoModelForCausalLM
+
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_dir
 
 from .chat import check_tokenizer_matches, load_tokenizer
+from .lora import merged_copy
 
 
 def save_model(path: str | os.PathLike[str], model, tok, merge: bool = True) -> None:
     """Write `model` and `tok` to the directory `path` in one atomic step. A LoRA model is saved with its
     adapters merged into a plain transformers model (`merge=False`: the adapters alone, for peft)."""
-    from .hf import merged_copy
-
     with atomic_dir(path) as tmp:
         (merged_copy(model) if merge else model).save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -28,15 +29,15 @@ def save_model(path: str | os.PathLike[str], model, tok, merge: bool = True) -> 
 
 def load_causal_lm(path: str | os.PathLike[str], what: str):
     """`(model in eval mode, tokenizer)` from a directory written by `save_model`; `what` names it in errors."""
-    from transformers import AutoModelForCausalLM
-
     path = Path(path)
     if not (path / "config.json").is_file():
         raise UserError(f"no {what} model in {path}; run the earlier stage first (or pass the right --run_dir)")
     architectures = read_config(path).get("architectures") or []
     if architectures and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
-        raise UserError(f"{path} holds a {'/'.join(architectures)}, not a causal language model; pass a chat model's "
-                        "directory (e.g. run_dir/sft or run_dir/ppo/policy)")
+        raise UserError(
+            f"{path} holds a {'/'.join(architectures)}, not a causal language model; pass a chat model's "
+            "directory (e.g. run_dir/sft or run_dir/ppo/policy)"
+        )
     tok = load_tokenizer(path)
     model = from_pretrained(AutoModelForCausalLM, path, what)
     check_tokenizer_matches(tok, model, what)
@@ -56,21 +57,6 @@ def from_pretrained(auto_class, path: Path, what: str, **kwargs):
         return auto_class.from_pretrained(str(path), **kwargs).eval()
     except Exception as exc:  # a truncated model.safetensors, a config of an unknown architecture, ...
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-        raise UserError(f"cannot load the {what} model in {path} ({type(exc).__name__}: {first}); re-run the stage "
-                        "that wrote it") from None
-
-
-def load_reward_model(path: str | os.PathLike[str], policy_tok, reads: str = "auto"):
-    """The scalar-head reward model in `path` with its own tokenizer, as a `RewardModel` that reads the policy's
-    token ids when the tokenizers agree (`reads="auto"`), or the decoded text."""
-    from transformers import AutoModelForSequenceClassification
-
-    from .reward_model import RewardModel
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise UserError(f"no reward model in {path}; run the 'reward' stage first (or pass the right --run_dir)")
-    rm_tok = load_tokenizer(path)
-    model = from_pretrained(AutoModelForSequenceClassification, path, "reward")
-    check_tokenizer_matches(rm_tok, model, "reward model")
-    return RewardModel.for_policy(model, rm_tok, policy_tok, reads)
+        raise UserError(
+            f"cannot load the {what} model in {path} ({type(exc).__name__}: {first}); re-run the stage that wrote it"
+        ) from None

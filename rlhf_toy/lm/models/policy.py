@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .causal_lm import response_logprobs
-from .hf import model_device
+from .devices import model_device
 
 
 class PolicyWithValueHead(nn.Module):
@@ -30,7 +30,8 @@ class PolicyWithValueHead(nn.Module):
 
     def evaluate(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         prompt_ids, prompt_mask = observations
-        logprobs, entropy, hidden = response_logprobs(self.lm, prompt_ids, prompt_mask, actions, self.temperature,
-                                                      return_hidden=True)
+        logprobs, entropy, hidden = response_logprobs(
+            self.lm, prompt_ids, prompt_mask, actions, self.temperature, return_hidden=True
+        )
         values = self.value_head(hidden.detach()).squeeze(-1)
         return logprobs, entropy, values

@@ -13,27 +13,26 @@ Training (Bradley-Terry) is in `rlhf_toy.lm.algorithms.reward`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import AutoModelForSequenceClassification
 
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import last_real_index
 
 from .causal_lm import distinct_prompts, position_ids, run_on_shared_prompts, takes_cache
-from .chat import encode_prompts, encode_responses, pad_sequences
-from .hf import model_device
+from .chat import check_tokenizer_matches, encode_prompts, encode_responses, load_tokenizer, pad_sequences
+from .checkpoints import from_pretrained
+from .devices import model_device
 
 
 def reward_model_from(model_dir: str | Path, tok, what: str = "SFT"):
     """A scalar-head model whose trunk is the causal LM's in `model_dir` (the head starts untrained)."""
-    from transformers import AutoModelForSequenceClassification
-
-    from .checkpoints import from_pretrained
-
     rm = from_pretrained(AutoModelForSequenceClassification, Path(model_dir), what, num_labels=1)
     rm.config.pad_token_id = tok.pad_token_id
     return rm
@@ -81,14 +80,15 @@ def score_texts(rm, tok, prompts: list[str], responses: list[str], batch_size: i
     """Normalized reward-model scores of (prompt, response) texts: `[B]`."""
     out = []
     for s in range(0, len(prompts), batch_size):
-        ids, mask = encode_texts(tok, prompts[s:s + batch_size], responses[s:s + batch_size])
+        ids, mask = encode_texts(tok, prompts[s : s + batch_size], responses[s : s + batch_size])
         out.append(normalize(rm, raw_scores(rm, ids, mask)).cpu())
     return torch.cat(out) if out else torch.zeros(0)
 
 
 @torch.no_grad()
-def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                    eos_id: int, pad_id: int) -> Tensor:
+def score_token_ids(
+    rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor, eos_id: int, pad_id: int
+) -> Tensor:
     """Normalized scores `[B]` of generated tokens as they are (no decode/re-encode round trip).
 
     A response cut at the length limit gets an EOS appended, so the reward model always reads the input shape
@@ -100,8 +100,9 @@ def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: T
     if takes_cache(trunk) and bool((mask[:, 1:] <= mask[:, :-1]).all()):  # masks cut after EOS
         first, index = distinct_prompts(prompt_ids, prompt_mask)
         if len(first) < len(prompt_ids):
-            return normalize(rm, shared_prompt_scores(rm, prompt_ids, prompt_mask, response_ids, mask, first, index,
-                                                      eos_id, pad_id))
+            return normalize(
+                rm, shared_prompt_scores(rm, prompt_ids, prompt_mask, response_ids, mask, first, index, eos_id, pad_id)
+            )
     seqs = []
     for p, pm, r, rm_ in zip(prompt_ids.tolist(), prompt_mask.tolist(), response_ids.tolist(), response_mask.tolist()):
         resp = [t for t, keep in zip(r, rm_) if keep]
@@ -112,8 +113,17 @@ def score_token_ids(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: T
     return normalize(rm, raw_scores(rm, ids, mask))
 
 
-def shared_prompt_scores(rm, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, mask: Tensor,
-                         first: Tensor, index: Tensor, eos_id: int, pad_id: int) -> Tensor:
+def shared_prompt_scores(
+    rm,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    mask: Tensor,
+    first: Tensor,
+    index: Tensor,
+    eos_id: int,
+    pad_id: int,
+) -> Tensor:
     """`raw_scores` of prompt + reply + EOS, each distinct prompt `prompt_ids[first]` run once
     (`causal_lm.run_on_shared_prompts`): the replies `[B, R]` (kept where `mask [B, R]`, a prefix of each row) then
     run on their prompt's repeated KV cache, right-padded, and the score is read at each reply's last token."""
@@ -154,8 +164,10 @@ class RewardModel:
         """`reads`: auto (token ids when the tokenizers agree, else text), ids, or text."""
         same = same_tokenizer(rm_tok, policy_tok)
         if reads == "ids" and not same:
-            raise UserError("the reward model's tokenizer differs from the policy's, so it cannot read the policy's "
-                            "token ids; pass --reward_reads text (or auto)")
+            raise UserError(
+                "the reward model's tokenizer differs from the policy's, so it cannot read the policy's "
+                "token ids; pass --reward_reads text (or auto)"
+            )
         return cls(model.eval().requires_grad_(False), rm_tok, same if reads == "auto" else reads == "ids")
 
     @torch.no_grad()
@@ -166,8 +178,15 @@ class RewardModel:
     def score_samples(self, s, policy_tok) -> Tensor:
         """Normalized scores `[B]` of sampled replies (`Samples`), on the CPU."""
         if self.reads_ids:
-            return score_token_ids(self.model, s.prompt_ids.cpu(), s.prompt_mask.cpu(), s.response_ids.cpu(),
-                                   s.response_mask.cpu(), policy_tok.eos_token_id, policy_tok.pad_token_id).cpu()
+            return score_token_ids(
+                self.model,
+                s.prompt_ids.cpu(),
+                s.prompt_mask.cpu(),
+                s.response_ids.cpu(),
+                s.response_mask.cpu(),
+                policy_tok.eos_token_id,
+                policy_tok.pad_token_id,
+            ).cpu()
         return self.score_texts(s.prompts, s.texts).cpu()
 
 
@@ -188,3 +207,15 @@ def set_normalization(rm, tok, prompts: list[str], responses: list[str]) -> tupl
         std = 1.0
     rm.config.reward_mean, rm.config.reward_std = mean, std
     return mean, std
+
+
+def load_reward_model(path: str | os.PathLike[str], policy_tok, reads: str = "auto"):
+    """The scalar-head reward model in `path` with its own tokenizer, as a `RewardModel` that reads the policy's
+    token ids when the tokenizers agree (`reads="auto"`), or the decoded text."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UserError(f"no reward model in {path}; run the 'reward' stage first (or pass the right --run_dir)")
+    rm_tok = load_tokenizer(path)
+    model = from_pretrained(AutoModelForSequenceClassification, path, "reward")
+    check_tokenizer_matches(rm_tok, model, "reward model")
+    return RewardModel.for_policy(model, rm_tok, policy_tok, reads)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .causal_lm import token_logprobs
 from .chat import encode_prompts, pad_sequences, widen
-from .hf import model_device
+from .devices import model_device
 
 
 @dataclass
@@ -48,8 +48,16 @@ def step_logprobs(logits: tuple[Tensor, ...], tokens: Tensor, temperature: float
 
 
 @torch.no_grad()
-def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
-           batch_size: int = 256, stop_at_eos: bool = True, with_logprobs: bool = False) -> Samples:
+def sample(
+    model,
+    tok,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    batch_size: int = 256,
+    stop_at_eos: bool = True,
+    with_logprobs: bool = False,
+) -> Samples:
     """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats.
 
     `stop_at_eos=False` generates exactly `max_new_tokens` tokens and counts them all as real (throughput
@@ -65,15 +73,24 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
         model.generation_config.eos_token_id = None  # generate() would otherwise fall back to it and stop
     try:
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start: start + batch_size]
+            chunk = prompts[start : start + batch_size]
             ids, mask = pad_sequences(encode_prompts(tok, chunk), tok.pad_token_id, "left")
             ids, mask = ids.to(device), mask.to(device)
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
-                                 top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id if stop_at_eos else None,
-                                 return_dict_in_generate=with_logprobs, output_logits=with_logprobs)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id if stop_at_eos else None,
+                return_dict_in_generate=with_logprobs,
+                output_logits=with_logprobs,
+            )
             sequences = out.sequences if with_logprobs else out
-            response = sequences[:, ids.shape[1]:]
+            response = sequences[:, ids.shape[1] :]
             steps = step_logprobs(out.logits, response, temperature) if with_logprobs else (None, None)
             chunks.append((ids, mask, response, *steps))
     finally:
@@ -94,8 +111,7 @@ def sample(model, tok, prompts: list[str], max_new_tokens: int, temperature: flo
     if with_logprobs:
         logprobs = torch.cat([widen(c[3], R, 0, "right") for c in chunks]) * response_mask
         entropy = torch.cat([widen(c[4], R, 0, "right") for c in chunks]) * response_mask
-    return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts, logprobs,
-                   entropy)
+    return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts, logprobs, entropy)
 
 
 def decode_responses(tok, response_ids: Tensor, response_mask: Tensor) -> list[str]:

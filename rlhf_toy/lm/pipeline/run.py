@@ -1,0 +1,94 @@
+"""Where a run lives and what it trains on (`RunConfig`), and the lock every stage that writes the run directory
+holds (`writes_run_dir`). Every command imports these without importing the stages."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+import torch
+import transformers
+
+from rlhf_toy.config import check, option
+from rlhf_toy.distributed import barrier, init_distributed
+from rlhf_toy.seeding import seed_everything
+
+from ..data.tasks import Task, get_task
+from ..models.devices import resolve_device
+from .rundir import RunDir
+
+
+@dataclass
+class RunConfig:
+    """Where a run lives and what it trains on."""
+
+    run_dir: str = option("Directory of the run (all stages).", "runs/helpdesk")
+    base_model: str | None = option(
+        "Pretrained causal LM to start from instead of the tiny GPT-2: a directory (model + tokenizer), a .gguf "
+        "file, or smollm2 (needs the 'smollm2' extra). Read by the sft stage; later stages read run_dir/sft.",
+        None,
+    )
+    device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
+    task: str = option("Built-in task: helpdesk, helpdesk-chat or chatterbot.", "helpdesk")
+    data: str | None = option("Your own prompt/response file (JSONL, CSV, parquet).", None)
+    preferences_file: str | None = option(
+        "Your own preference file (prompt/chosen/rejected) for the reward stage.", None
+    )
+    judge: str | None = option("Gold judge as module:function (text -> float).", None)
+    seed: int = option("Seed of every stage.", 0)
+    threads: int = option("torch threads.", 2)
+    max_train_pairs: int | None = option("Use only this many SFT pairs (quick runs).", None)
+    progress: bool = option("Show progress bars.", True)
+
+    def __post_init__(self) -> None:
+        check(self.threads >= 1, "threads", self.threads, ">= 1")
+        check(
+            self.max_train_pairs is None or self.max_train_pairs >= 1,
+            "max_train_pairs",
+            self.max_train_pairs,
+            ">= 1 (or None: all)",
+        )
+
+    @property
+    def dir(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The device of this process: under torchrun it joins the process group, one GPU per rank."""
+        return init_distributed(resolve_device(self.device))
+
+    def start(self) -> Task:
+        """Quiet the libraries, seed everything, and load the task (data and gold judge)."""
+        quiet_libraries()
+        self.torch_device  # noqa: B018  a missing GPU is an error before any work; joins torchrun's group
+        seed_everything(self.seed, self.threads)
+        task = get_task(self.task, self.data, self.judge, self.seed)
+        if self.max_train_pairs is not None:
+            task.train = task.train[: self.max_train_pairs]
+        return task
+
+
+def writes_run_dir(stage: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A stage that writes the run directory holds its lock while it runs: a second writer gets a one-line error,
+    and the temporaries a killed writer left there are swept first."""
+
+    @functools.wraps(stage)
+    def locked(run: RunConfig, *configs: Any) -> dict[str, Any]:
+        run.torch_device  # noqa: B018  under torchrun: join the process group first, so only rank 0 locks
+        with run.dir.lock():
+            out = stage(run, *configs)
+        barrier()  # under torchrun: no rank reads the stage's outputs before rank 0 has written them
+        return out
+
+    return locked
+
+
+def quiet_libraries() -> None:
+    """No load reports or per-shard progress bars from transformers/datasets: our own bars say enough."""
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()

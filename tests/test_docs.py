@@ -1,0 +1,93 @@
+"""The docs' rules: a short README, generated reference pages that match the code, every page in the site's
+navigation, and every code block either included from a file a test runs or marked illustrative."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
+# Snippet includes: only files that a test runs (tests/test_examples.py runs every file in examples/).
+RUN_BY_TESTS = {f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py")}
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """`(info string, body)` of every fenced block."""
+    return re.findall(r"^```([^\n]*)\n(.*?)^```", text, re.S | re.M)
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_code_block_is_run_by_a_test_or_marked_illustrative(page):
+    for info, body in code_blocks(page.read_text()):
+        included = re.findall(r'^--8<-- "([^"]+)"$', body, re.M)
+        if included:
+            assert set(included) <= RUN_BY_TESTS, f"{page.name}: includes {included}, which no test runs"
+        else:
+            assert 'title="illustrative' in info, (
+                f"{page.name}: a block neither included nor illustrative: {body[:80]!r}"
+            )
+
+
+def test_the_code_block_rule_can_fail():
+    assert code_blocks("```bash\nls\n```\n") == [("bash", "ls\n")]
+    assert 'title="illustrative' not in code_blocks("```bash\nls\n```\n")[0][0]
+
+
+def test_the_generated_reference_pages_match_the_code(capsys):
+    from rlhf_toy.cli import parse_configs
+    from rlhf_toy.lm.pipeline.cli import COMMANDS
+
+    cmd = COMMANDS["ppo"]  # HfArgumentParser rewrites `Field.type` in place: the pages must not depend on it
+    parse_configs(cmd.configs, [], prog="ppo", help=cmd.help, defaults=cmd.defaults)
+    gen = runpy.run_path(str(ROOT / "scripts" / "docs_reference.py"))
+    assert gen["main"](["--check"]) == 0, capsys.readouterr().err
+    for name, make in gen["PAGES"].items():
+        assert (DOCS / "reference" / name).read_text() == make()
+
+
+def test_a_stale_reference_page_is_caught(tmp_path, monkeypatch, capsys):
+    gen = runpy.run_path(str(ROOT / "scripts" / "docs_reference.py"))
+    main = gen["main"]
+    out = tmp_path / "reference"
+    out.mkdir()
+    for name, make in gen["PAGES"].items():
+        (out / name).write_text(make())
+    (out / "presets.md").write_text("stale\n")
+    main.__globals__["OUT"] = out
+    assert main(["--check"]) == 1
+    assert "presets.md" in capsys.readouterr().err
+
+
+def nav_pages(node) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, list):
+        return [p for item in node for p in nav_pages(item)]
+    if isinstance(node, dict):
+        return [p for v in node.values() for p in nav_pages(v)]
+    return []
+
+
+def test_every_page_is_in_the_navigation():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    listed = set(nav_pages(config["nav"]))
+    tables = {"lesson", "rlhf"}  # measured tables, linked from the Results pages
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] not in tables}
+    assert pages == listed
+
+
+def test_the_algorithm_reference_lists_every_algorithm():
+    from rlhf_toy.lm.algorithms.online import ALGORITHMS
+
+    page = (DOCS / "reference" / "algorithms.md").read_text()
+    assert all(f"`rlhf-toy {a.command}`" in page for a in ALGORITHMS.values())

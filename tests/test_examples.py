@@ -1,0 +1,56 @@
+"""The docs' examples are files (included into the pages with `--8<--`), and each runs and learns."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hf_models import tiny_model_dir
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def test_the_core_example_runs_in_its_own_environment_and_learns():
+    code = (ROOT / "examples" / "corridor.py").read_text()
+    assert "import gymnasium" not in code and "CartPole" not in code
+    p = subprocess.run(
+        [sys.executable, ROOT / "examples" / "corridor.py"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=ENV,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "P(right)" in p.stdout
+
+
+def test_core_does_not_import_gymnasium():
+    code = "import sys, rlhf_toy.ppo, rlhf_toy.advantages, rlhf_toy.losses; print('gymnasium' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert p.stdout.strip() == "False", p.stderr
+
+
+@pytest.mark.parametrize("flags", [[], ["--lora"]], ids=["full-weights", "lora"])
+def test_the_own_model_example_raises_the_reward_with_full_weights_and_with_lora(tmp_path, flags):
+    """On a tiny random Llama (chat template, no PAD) built offline; both paths must raise the reward."""
+    model_dir = tiny_model_dir("llama", tmp_path / "llama")
+    p = subprocess.run(
+        [sys.executable, ROOT / "examples" / "own_model.py", str(model_dir), *flags],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=ENV,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    first, last = map(float, re.search(r"first 5 steps ([\d.]+) -> last 5 ([\d.]+)", p.stdout).groups())
+    assert last > first + 0.2, p.stdout
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "my_rlhf_model")  # plain transformers loads the result
