@@ -135,46 +135,25 @@ def presets_page() -> str:
 
 
 def algorithms_page() -> str:
+    algorithms = list(online.ALGORITHMS.values())
     rows = [
-        [
-            a.label,
-            f"`rlhf-toy {a.command}`",
-            f"`{a.advantages.__name__}`",
-            a.policy_loss,
-            "yes" if a.uses_critic else "no",
-            str(a.default_group_size),
-            ", ".join(a.kl_placements),
-            a.summary,
-        ]
-        for a in online.ALGORITHMS.values()
-    ]
-    return "\n".join(
-        [
-            "# Algorithms\n",
-            GENERATED,
-            "The online algorithms, from the one table that holds their identity (`rlhf_toy.lm.algorithms.online."
-            "ALGORITHMS`). Commands, labels, `compare`'s methods and the benchmark are derived from it. DPO is "
-            "offline (its own stage, `rlhf-toy dpo`). How to add one: [Contributing](../contributing.md).\n",
-            table(
-                [
-                    "algorithm",
-                    "command",
-                    "advantages",
-                    "policy loss",
-                    "critic",
-                    "replies per prompt (k)",
-                    "KL placements",
-                    "what it is",
-                ],
-                rows,
-            )
-            + "\n",
-            "Policy loss `clipped` is PPO's clipped surrogate; `pg` is the plain policy gradient, -log pi(a) A. "
-            "KL placement `reward` puts -beta KL in the per-token reward; `loss` (with `--kl_in_loss`) adds beta "
-            "times the k3 estimate to the loss instead (DeepSeekMath). Each algorithm's preset is in "
-            "[Presets](presets.md).\n",
-        ]
-    )
+        [a.label, f"`rlhf-toy {a.command}`", f"`{a.advantages.__name__}`", a.policy_loss,
+         "yes" if a.uses_critic else "no", str(a.default_group_size), ", ".join(a.kl_placements)]
+        for a in algorithms
+    ]  # fmt: skip
+    summaries = [f"- **{a.label}** (`{a.name}`): {a.summary}" for a in algorithms]
+    return "\n".join([
+        "# Algorithms\n", GENERATED,
+        "The online algorithms, from the one table that holds their identity (`rlhf_toy.lm.algorithms.online."
+        "ALGORITHMS`). Commands, labels, `compare`'s methods and the benchmark are derived from it. DPO is "
+        "offline (its own stage, `rlhf-toy dpo`). How to add one: [Contributing](../contributing.md).\n",
+        table(["algorithm", "command", "advantages", "policy loss", "critic", "k", "KL placements"], rows) + "\n",
+        *summaries, "",
+        "`k` is the number of replies sampled per prompt (`--group_size`). Policy loss `clipped` is PPO's clipped "
+        "surrogate; `pg` is the plain policy gradient, -log pi(a) A. KL placement `reward` puts -beta KL in the "
+        "per-token reward; `loss` (with `--kl_in_loss`) adds beta times the k3 estimate to the loss instead "
+        "(DeepSeekMath). Each algorithm's preset is in [Presets](presets.md).\n",
+    ])  # fmt: skip
 
 
 PAGES = {"commands.md": commands_page, "presets.md": presets_page, "algorithms.md": algorithms_page}
