@@ -79,7 +79,8 @@ def test_prompt_longer_than_the_context(tmp_path, capsys):
 
 
 def copy_with_foreign_tokenizer(run_copy, tmp_path, model_subdir):
-    """A copy of the run whose `model_subdir` holds a tokenizer of another vocabulary."""
+    """The run's copy `run_copy` (never the session's run itself), its `model_subdir` given a tokenizer of
+    another vocabulary."""
     out = run_copy
     assert stage("tokenizer", tmp_path / "other", "--vocab_size", "300") == 0
     for f in (tmp_path / "other" / "tokenizer").iterdir():
@@ -87,8 +88,8 @@ def copy_with_foreign_tokenizer(run_copy, tmp_path, model_subdir):
     return out
 
 
-def test_tokenizer_that_does_not_match_the_model(run_dir, tmp_path, capsys):
-    out = copy_with_foreign_tokenizer(run_dir, tmp_path, "sft")
+def test_tokenizer_that_does_not_match_the_model(run_copy, tmp_path, capsys):
+    out = copy_with_foreign_tokenizer(run_copy, tmp_path, "sft")
     assert stage("preferences", out, "--judge", "tests.judges:length") == 2
     assert "does not match" in capsys.readouterr().err
 
@@ -205,7 +206,7 @@ def test_ppo_bad_input(extra, message, run_dir, tmp_path, capsys):
     assert not (out / "ppo" / "policy").exists()
 
 
-def test_ppo_refuses_a_reward_model_with_another_tokenizer(run_dir, tmp_path, capsys):
-    out = copy_with_foreign_tokenizer(run_dir, tmp_path, "reward_model")
+def test_ppo_refuses_a_reward_model_with_another_tokenizer(run_copy, tmp_path, capsys):
+    out = copy_with_foreign_tokenizer(run_copy, tmp_path, "reward_model")
     assert run_cli(main, ["ppo", "--run_dir", str(out), "--progress", "False", "--steps", "1"]) == 2
     assert "does not match the reward model" in capsys.readouterr().err

@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PPO = ["--save_every", "1", *PPO_TINY]  # 2 steps, a checkpoint after each
 
 
-def copy_run(run_copy, tmp_path):
-    out = run_copy
+def copy_run(run_dir, tmp_path):
+    """A copy of the session's run under `tmp_path` (two copies in one test need two folders)."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
     return out
 
 
