@@ -8,7 +8,7 @@ from dataclasses import MISSING, dataclass
 import numpy as np
 
 from rlhf_toy.cli import Command, Group, dispatch
-from rlhf_toy.config import check, option
+from rlhf_toy.config import check, check_seed, option
 from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
 
@@ -30,6 +30,7 @@ class EvalConfig:
     stochastic: bool = option("Sample actions instead of taking the most probable.", False)
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         check(self.episodes >= 1, "episodes", self.episodes, ">= 1, e.g. 20")
 
 
@@ -44,6 +45,7 @@ class WatchConfig:
     every: int = option("Keep every n-th frame (smaller GIFs).", 2)
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
         check(self.every >= 1, "every", self.every, ">= 1")
 

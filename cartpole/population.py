@@ -16,9 +16,11 @@ its first update to float rounding; CartPole then amplifies the rounding over a 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from rlhf_toy.advantages import gae
+from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json, output_lock
 from rlhf_toy.logging import MetricLogger
 from rlhf_toy.population import population_ppo_update
@@ -36,7 +39,7 @@ from .agent import save_agent
 from .envs import make_vec_env, reward_threshold
 from .evaluate import play_first_episodes
 from .rollout import RolloutCollector
-from .settings import SolvedTracker, TrainConfig, count_iterations
+from .settings import SolvedTracker, TrainConfig, clear_finished_run, count_iterations
 from .stacked import PopulationMLPActorCritic, build_population, by_agent
 
 
@@ -57,10 +60,37 @@ def distribution(values: list[float | None]) -> dict[str, float | None]:
     return {"median": float(med), "q25": float(q25), "q75": float(q75)}
 
 
+# Measured on CartPole-v1 with 64-64 MLPs (docs: Results, Speed): the stacked network, its gradients, Adam's
+# moments and each agent's generator take about 0.4 MB an agent; the rollout buffers about 64 bytes an env step.
+BYTES_PER_AGENT = 400_000
+BYTES_PER_ENV_STEP = 64
+
+
+def available_memory() -> int:
+    """Bytes of physical memory free now (Linux and macOS; elsewhere, unknown: 0 disables the check)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_population_fits(cfg: TrainConfig, n_agents: int) -> None:
+    """Refuse, before allocating anything, a population that cannot fit in the memory free now."""
+    need = n_agents * (BYTES_PER_AGENT * cfg.hidden // 64 + BYTES_PER_ENV_STEP * cfg.num_envs * cfg.n_steps)
+    free = available_memory()
+    if free and need > 0.8 * free:
+        raise UserError(
+            f"a population of {n_agents} agents needs about {need / 1e9:.1f} GB, more than the "
+            f"{free / 1e9:.1f} GB of memory free; train fewer seeds at once (e.g. --seeds 0-"
+            f"{max(0, int(0.8 * free / (need / n_agents)) - 1)}) and the rest in another run"
+        )
+
+
 def train_population(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig) -> dict[str, Any]:
     """Train one agent per seed; write `seed_K/final.pt` per agent and `summary.json`. With `cfg.workers` > 1,
     the seeds are split into that many contiguous shares, each trained as its own population in its own process
     (one torch thread each; its metrics in `part_I/`)."""
+    check_population_fits(cfg, len(seeds))
     iterations = count_iterations(cfg, ppo)
     with output_lock(cfg.out, "CartPole run"):
         t0 = time.perf_counter()
@@ -93,7 +123,13 @@ def _train_in_processes(
             pool.submit(_train_share, cfg, share, ppo, iterations, Path(cfg.out) / f"part_{i}")
             for i, share in enumerate(shares)
         ]
-        return [f.result() for f in futures]
+        try:
+            return [f.result() for f in futures]
+        except BrokenProcessPool:
+            raise UserError(
+                f"a worker process of the population died before it finished (killed, or out of memory); nothing "
+                f"was written to {cfg.out}'s summary; run again, with fewer seeds or --workers 1"
+            ) from None
 
 
 def _train_share(cfg: TrainConfig, seeds: list[int], ppo: PPOConfig, iterations: int, log_dir: Path) -> dict[str, Any]:
@@ -115,6 +151,7 @@ def _train_population(
     optimizer = make_optimizer(policy.parameters(), ppo)
     collector = RolloutCollector(envs, seeds[0])
     out = Path(cfg.out)
+    clear_finished_run(out)
     logger = MetricLogger(log_dir, tensorboard=cfg.tensorboard)
     threshold = reward_threshold(cfg.env_id)
     trackers = [SolvedTracker(threshold, cfg.solved_window, t0) for _ in seeds]

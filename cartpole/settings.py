@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 from collections import deque
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlhf_toy.config import check, derived, option
+from rlhf_toy.config import SEED_LIMIT, check, check_seed, derived, option
 from rlhf_toy.errors import UserError
 from rlhf_toy.ppo import PPOConfig
 
@@ -67,6 +68,7 @@ class TrainConfig:
     seed_list: list[int] | None = derived()
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         self.seed_list = parse_seeds(self.seeds) if self.seeds else None
         for name in (
             "total_steps",
@@ -112,10 +114,10 @@ def parse_seeds(text: str) -> list[int]:
     except ValueError:
         seeds = []
     check(
-        bool(seeds) and len(set(seeds)) == len(seeds),
+        bool(seeds) and len(set(seeds)) == len(seeds) and all(0 <= s < SEED_LIMIT for s in seeds),
         "seeds",
         text,
-        "a range such as 0-31 or distinct integers such as 0,1,5",
+        "a range such as 0-31 or distinct integers from 0 to 4294967295 such as 0,1,5",
     )
     return seeds
 
@@ -173,3 +175,14 @@ def count_iterations(cfg: TrainConfig, ppo: PPOConfig) -> int:
             file=sys.stderr,
         )
     return iterations
+
+
+# What a finished run leaves in its --out: a new run into the same directory removes them before it logs a
+# line, so a kill early in the new run never leaves the old run's summary and checkpoints beside a new history.
+FINISHED_RUN_FILES = ("summary.json", "final.pt", "best.pt", "learning_curve.png")
+
+
+def clear_finished_run(out: Path) -> None:
+    """Remove a previous run's `FINISHED_RUN_FILES` from `out` (the new run's history replaces its metrics)."""
+    for name in FINISHED_RUN_FILES:
+        (out / name).unlink(missing_ok=True)

@@ -27,7 +27,15 @@ from .evaluate import evaluate
 from .plots import plot_learning_curve
 from .population import train_population
 from .rollout import RolloutCollector
-from .settings import CARTPOLE_PPO, SolvedTracker, TrainConfig, cartpole_ppo_config, count_iterations, parse_seeds
+from .settings import (
+    CARTPOLE_PPO,
+    SolvedTracker,
+    TrainConfig,
+    cartpole_ppo_config,
+    clear_finished_run,
+    count_iterations,
+    parse_seeds,
+)
 
 __all__ = ["CARTPOLE_PPO", "TrainConfig", "TrainResult", "cartpole_ppo_config", "parse_seeds", "run_training", "train"]
 
@@ -67,6 +75,7 @@ def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainRes
     optimizer = make_optimizer(agent.parameters(), ppo)
     collector = RolloutCollector(envs, cfg.seed)
     out = Path(cfg.out)
+    clear_finished_run(out)
     logger = MetricLogger(out, tensorboard=cfg.tensorboard)
     meta = {"env_id": cfg.env_id, "train": asdict(cfg), "ppo": ppo.to_dict()}
     solved = SolvedTracker(reward_threshold(cfg.env_id), cfg.solved_window, t0)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import UserError
 
@@ -46,7 +46,7 @@ def dispatch(prog: str, commands: dict[str, Command | Group], argv: Sequence[str
         for name, cmd in commands.items():
             sub.add_parser(name, help=cmd.help)
         if argv and argv[0] not in ("-h", "--help"):
-            top.error(f"unknown command '{argv[0]}'; choose one of: {', '.join(commands)}")
+            raise UserError(f"unknown command '{argv[0]}'; choose one of: {', '.join(commands)}")
         top.print_help()
         return 0 if argv else 2
     cmd = commands[argv[0]]
@@ -56,6 +56,11 @@ def dispatch(prog: str, commands: dict[str, Command | Group], argv: Sequence[str
     return int(cmd.run(*configs) or 0)
 
 
+def one_line_error(prog: str, message: str) -> NoReturn:
+    """argparse's complaints (a bad type, a missing value) as one line naming the fix, not 20 lines of usage."""
+    raise UserError(f"{prog}: {message}; see {prog} --help")
+
+
 def parse_configs(
     configs: tuple[type, ...], argv: Sequence[str], prog: str, help: str, defaults: Any = None
 ) -> tuple[Any, ...]:
@@ -63,6 +68,7 @@ def parse_configs(
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(configs, prog=prog, description=help)
+    parser.error = lambda message: one_line_error(prog, message)  # type: ignore[method-assign]
     for action in parser._actions:  # `--no_X` turns X off; its help must not read "(default: True)" backwards
         if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
             action.help = f"Turn {action.dest} off (same as --{action.dest} False; its default is %(default)s)."

@@ -32,6 +32,14 @@ def check(ok: bool, name: str, value: Any, wanted: str) -> None:
         raise UserError(f"{name} must be {wanted} (got {value!r}); pass --{name} with a valid value")
 
 
+SEED_LIMIT = 2**32  # numpy's and torch's generators both take seeds in [0, 2**32)
+
+
+def check_seed(value: int, name: str = "seed") -> None:
+    """A seed every generator here accepts: an integer in [0, 2**32)."""
+    check(isinstance(value, int) and 0 <= value < SEED_LIMIT, name, value, "an integer from 0 to 4294967295")
+
+
 def parse_list(name: str, text: str, kind: type, wanted: str) -> list[Any]:
     """Parse a comma-separated flag (`"4,16,64"`) into values of `kind`; a bad item is a `UserError`."""
     try:

@@ -12,6 +12,7 @@ are per rank and equal, and any early stop is decided on values averaged across 
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
@@ -40,12 +41,20 @@ def launched_world() -> int:
         raise UserError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number; launch with torchrun") from None
 
 
-def init_distributed(device: torch.device) -> torch.device:
-    """Join torchrun's process group once (gloo on CPU, NCCL on CUDA); returns this rank's device."""
+COLLECTIVE_TIMEOUT_S = 1800  # torch's own default for gloo; NCCL's is 10 minutes
+
+
+def init_distributed(device: torch.device, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> torch.device:
+    """Join torchrun's process group once (gloo on CPU, NCCL on CUDA); returns this rank's device.
+
+    `timeout_s` bounds every collective: a rank that stops (a stopped or hung process, not a dead one, which
+    torchrun already handles) makes the others fail with an error after that long instead of waiting forever;
+    torchrun then stops the group."""
     if launched_world() <= 1:
         return device
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)

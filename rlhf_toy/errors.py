@@ -7,6 +7,7 @@ status 2 instead of a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -23,7 +24,8 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     try:
         return int(main(argv) or 0)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: rank 0 says it once
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
         print(f"error: file not found: {exc.filename or exc}; check the path", file=sys.stderr)

@@ -6,6 +6,7 @@ A crash mid-write leaves the previous file or directory (or none), never a trunc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 
 from .errors import UserError
 
@@ -28,6 +30,26 @@ def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+def disk_nearly_full(folder: Path, margin: int = 1 << 20) -> bool:
+    """Whether the file system holding `folder` has less than `margin` bytes left for this user."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < margin
+
+
+def raise_write_failure(exc: BaseException, path: Path) -> None:
+    """torch's zip writer reports a full disk as `RuntimeError` ("file write failed", "iostream error", "unexpected
+    pos"), not `OSError`: name it as one line. The temporary is already gone and the previous version of `path` is
+    untouched."""
+    if isinstance(exc, RuntimeError) and (disk_nearly_full(path.parent) or "write" in str(exc).lower()):
+        first = str(exc).strip().splitlines()[0][:160]
+        raise UserError(
+            f"cannot write {path} ({first}); is the disk full? Free space and run again: the previous version is kept"
+        ) from None
 
 
 @contextmanager
@@ -41,8 +63,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        raise_write_failure(exc, path)
         raise
 
 
@@ -77,6 +100,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 directories: others could not read a shared run
     try:
         yield tmp
+        ordinary_permissions(tmp)
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}{TMP_MARK}old")
@@ -85,9 +109,35 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp, path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise_write_failure(exc, path)
         raise
+
+
+def folder_digest(folder: str | os.PathLike[str]) -> str:
+    """A content hash of every file in `folder` (names and bytes, in sorted order; hidden files skipped): the
+    identity of a saved model, its weights and tokenizer included. About a second per 500 MB."""
+    h = hashlib.blake2b(digest_size=16)
+    root = Path(folder)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def ordinary_permissions(folder: Path) -> None:
+    """Give everything under `folder` the permissions the umask allows (files 0666, folders 0777, less the
+    umask): some writers (safetensors, peft) create their files 0600 through a private temporary, which would
+    make a shared run's weights unreadable to others."""
+    umask = _umask()
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~umask)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o666 & ~umask)
 
 
 def sweep_temporaries(folder: str | os.PathLike[str]) -> list[str]:
@@ -114,16 +164,18 @@ def sweep_temporaries(folder: str | os.PathLike[str]) -> list[str]:
     return removed
 
 
+HELD: set[Path] = set()  # the folders whose output lock this process holds
+
+
 @contextmanager
 def output_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[Path]:
     """Hold an exclusive lock on an output folder for the block; a second writer gets a one-line `UserError`
     naming the holder (pid, host, start time). The lock is the OS's (`filelock`), so it dies with its process.
     """
-    from filelock import FileLock, Timeout
-
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{folder} is a file, not a directory; pass a directory path for the {what}")
+    created = not folder.exists()  # a refused or failed command must not leave an empty folder behind
     folder.mkdir(parents=True, exist_ok=True)
     owner = folder / ".lock.owner"
     lock = FileLock(str(folder / ".lock"), timeout=0)
@@ -132,10 +184,68 @@ def output_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[P
     except Timeout:
         holder = owner.read_text().strip() if owner.is_file() else "another process"
         raise UserError(f"{folder} is in use by {holder}; wait for it to finish or pass another directory") from None
+    failed = False
+    HELD.add(folder.resolve())
     try:
         sweep_temporaries(folder)
         owner.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         yield folder
+    except BaseException:
+        failed = True
+        raise
     finally:
+        HELD.discard(folder.resolve())
         owner.unlink(missing_ok=True)
         lock.release()
+        if failed and created and {p.name for p in folder.iterdir()} <= {".lock"}:
+            (folder / ".lock").unlink(missing_ok=True)
+            folder.rmdir()
+
+
+def _held_elsewhere(lock_file: Path) -> bool:
+    """Whether another process holds the OS lock on `lock_file` (a dead holder's lock is free)."""
+    if not lock_file.is_file():
+        return False
+    probe = FileLock(str(lock_file), timeout=0)
+    try:
+        probe.acquire()
+    except Timeout:
+        return True
+    probe.release()
+    return False
+
+
+@contextmanager
+def reader_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[None]:
+    """Register this process as a reader of `folder`'s own files for the block (a policy stage reading the SFT
+    and reward models): a writer of the folder (`check_no_readers`, under `output_lock`) refuses to replace them
+    meanwhile, and a reader does not start while a writer holds the folder."""
+    folder = Path(folder)
+    if folder.resolve() not in HELD and _held_elsewhere(folder / ".lock"):
+        owner = folder / ".lock.owner"
+        holder = owner.read_text().strip() if owner.is_file() else "another process"
+        raise UserError(f"{folder} is being written by {holder}; wait for it to finish before reading the {what}")
+    readers = folder / ".readers"
+    readers.mkdir(parents=True, exist_ok=True)
+    path = readers / f"{socket.gethostname()}-{os.getpid()}-{time.monotonic_ns()}.lock"
+    lock = FileLock(str(path), timeout=0)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+        path.unlink(missing_ok=True)
+
+
+def check_no_readers(folder: str | os.PathLike[str]) -> None:
+    """Refuse, with the reader named, to write `folder` while another process reads it (`reader_lock`); the
+    files of readers that died are swept. Call it while holding the folder's `output_lock`."""
+    readers = Path(folder) / ".readers"
+    for path in sorted(readers.glob("*.lock")) if readers.is_dir() else []:
+        if _held_elsewhere(path):
+            host, pid = path.stem.split("-")[:2]
+            raise UserError(
+                f"{folder} is being read by a running stage (pid {pid} on {host}), which a rewrite would pull its "
+                "models from under; wait for it to finish or use another --run_dir"
+            )
+        path.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
-from .io import atomic_write
+from .io import atomic_write, atomic_write_text
 
 
 class MetricLogger:
@@ -28,7 +28,9 @@ class MetricLogger:
         history: list[dict[str, Any]] | None = None,
         enabled: bool = True,
     ) -> None:
-        """Start `metrics.jsonl` afresh with the rows of `history` (a resumed run's rows up to its checkpoint).
+        """Start `metrics.jsonl` with the rows of `history` (a resumed run's rows up to its checkpoint), written
+        atomically before anything else, then append: a kill at any moment leaves the previous file or the kept
+        rows plus whole new lines (at most a partial last line, which readers drop), never an empty history.
         `enabled=False` writes nothing (a data-parallel rank other than 0)."""
         self.enabled = enabled
         self._tb = None
@@ -37,9 +39,8 @@ class MetricLogger:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
-        self._file = self.path.open("w")
-        for row in history or []:
-            self._file.write(json.dumps(row) + "\n")
+        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in history or []))
+        self._file = self.path.open("a")
         self._tb = None
         if tensorboard:
             try:

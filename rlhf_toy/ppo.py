@@ -17,8 +17,13 @@ from torch import Tensor
 
 from .config import check, option
 from .distributed import any_rank
+from .errors import UserError
 from .losses import clipped_policy_loss, explained_variance, kl_k3, policy_gradient_loss, value_loss
 from .masks import Dims, masked_mean, masked_whiten
+
+
+class NonFiniteUpdate(UserError):
+    """`ppo_update` met a non-finite loss or gradient and stopped before stepping on it."""
 
 
 class RolloutBatch(NamedTuple):
@@ -240,7 +245,7 @@ def ppo_update(
         raise ValueError(f"a batch of {n} samples is not made of whole groups of {group_size}")
     stats: dict[str, list[Tensor]] = {k: [] for k in STAT_KEYS}
     early_stop, epochs_done = False, 0
-    for _epoch in range(cfg.n_epochs):
+    for epoch in range(cfg.n_epochs):
         for idx in shuffled_minibatches(n, cfg.minibatch_size, generator, group_size):
             mb = minibatch(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
@@ -250,10 +255,17 @@ def ppo_update(
             if cfg.target_kl is not None and any_rank(parts["approx_kl"].item() > 1.5 * cfg.target_kl):
                 early_stop = True
                 break
+            # Never step on a non-finite loss or gradient: the weights would all become NaN (on every rank at once).
+            if any_rank(not bool(torch.isfinite(loss))):
+                raise NonFiniteUpdate(f"the loss is {loss.item()} (epoch {epoch + 1}); nothing was updated on it")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                if not bool(torch.isfinite(norm)):
+                    raise NonFiniteUpdate(
+                        f"the gradient norm is {norm.item()} (epoch {epoch + 1}); nothing was updated"
+                    )
             optimizer.step()
             for k in STAT_KEYS:
                 stats[k].append(parts[k].detach())

@@ -492,3 +492,17 @@ def test_a_policy_directory_written_before_the_rename_is_still_read(run_copy, tm
     )
     names = [r["name"] for r in json.loads((out / "eval.json").read_text())["rows"]]
     assert "RLOO (rloo)" in names
+
+
+def test_an_output_directory_holds_one_kind_of_run_and_a_refusal_leaves_nothing(run_copy, capsys):
+    out = run_copy
+    assert stage("ppo", out, *PPO_TINY) == 0
+    before = sorted(p.name for p in (out / "ppo").iterdir())
+    assert stage("dpo", out, "--policy_dir", "ppo") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a finished ppo run; pass another --policy_dir for dpo" in err[0]
+    assert sorted(p.name for p in (out / "ppo").iterdir()) == before
+    assert stage("grpo", out, *PPO_TINY, "--policy_dir", "ppo") == 2
+    assert stage("ppo", out, *PPO_TINY, "--resume", "--policy_dir", "fresh") == 2  # nothing to resume
+    assert "nothing to resume" in capsys.readouterr().err
+    assert not (out / "fresh").exists()

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,27 @@ def test_torchrun_sft_and_reward(run_dir, tmp_path):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert (out / "reward_model" / "config.json").is_file()
+
+
+def test_a_stopped_rank_ends_the_run_after_the_collective_timeout_instead_of_hanging_it(tmp_path):
+    script = tmp_path / "stalls.py"
+    script.write_text(
+        "import time, torch\n"
+        "from rlhf_toy.distributed import barrier, init_distributed, rank_and_world\n"
+        "init_distributed(torch.device('cpu'), timeout_s=3)\n"
+        "if rank_and_world()[0] == 1:\n"
+        "    time.sleep(120)  # a stopped rank\n"
+        "barrier()\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=110, cwd=tmp_path)
+    assert p.returncode != 0 and time.perf_counter() - t0 < 60, p.stderr[-2000:]
+    assert "Timed out waiting 3000ms" in p.stderr  # the waiting rank failed on the timeout it was given
+
+
+def test_under_torchrun_a_bad_value_is_said_once(tmp_path):
+    p = torchrun("ppo", "--run_dir", str(tmp_path / "run"), "--kl_coef", "-1")
+    said = [line for line in p.stderr.splitlines() if line.startswith("error: kl_coef")]
+    assert p.returncode != 0 and len(said) == 1, p.stderr[-2000:]

@@ -317,6 +317,9 @@ def test_lora_ppo_and_reward_model_run_and_resume(bases, tmp_path):
     assert rlhf("ppo", *base, "--steps", "3", "--resume", "True", *lora) == 0
     assert json.loads((run / "ppo" / "summary.json").read_text())["steps"] == 3
     assert rlhf("ppo", *base, "--steps", "4", "--resume", "True") == 2  # the saved run had LoRA
+    adapter = run / "ppo" / "checkpoint" / "policy" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:100])  # a truncated checkpoint
+    assert rlhf("ppo", *base, "--steps", "4", "--resume", "True", *lora) == 2
 
 
 # A reward model with its own tokenizer --------------------------------------------------------------------------
@@ -447,3 +450,73 @@ def test_add_lora_with_a_seed_draws_the_same_adapters_and_leaves_the_global_stre
     names = target_modules(load_base(model_dir)[0], "all-linear,lm_head")
     assert "lm_head" in names and "q_proj" in names and "down_proj" in names
     assert target_modules(load_base(model_dir)[0], "all-linear") == "all-linear"
+
+
+def broken_base(kind: str, out):
+    """A model directory that must not pass as a base model: an encoder, a trunk without its head, weights
+    without the LM head, or a model without tokenizer files."""
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertForMaskedLM, LlamaModel
+
+    from tests.hf_models import tiny_config, tiny_tokenizer
+
+    tok = tiny_tokenizer(chat_template=True, pad=False)
+    if kind == "bert":
+        BertForMaskedLM(BertConfig(vocab_size=384, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64)).save_pretrained(out)  # fmt: skip
+    elif kind == "trunk":
+        LlamaModel(tiny_config("llama", tok)).save_pretrained(out)
+    else:
+        tiny_model_dir("llama", out)
+        if kind == "no_head":
+            weights = load_file(out / "model.safetensors")
+            save_file({k: v for k, v in weights.items() if not k.startswith("lm_head")}, out / "model.safetensors",
+                      metadata={"format": "pt"})  # fmt: skip
+        elif kind == "no_tokenizer":
+            for f in list(out.iterdir()):
+                if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                    f.unlink()
+        return out
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind,message",
+    [
+        ("bert", "holds a BertForMaskedLM model, not a causal language model"),
+        ("trunk", "holds a LlamaModel model, not a causal language model"),
+        ("no_head", "lacks trained weights for lm_head.weight"),
+        ("no_tokenizer", "has no tokenizer files"),
+    ],
+)
+def test_a_model_that_is_not_a_whole_causal_lm_is_refused_as_base_and_as_reward_base(
+    run_dir, tmp_path, capsys, kind, message
+):
+    base = broken_base(kind, tmp_path / kind)
+    assert rlhf("sft", "--run_dir", str(tmp_path / "new"), "--base_model", str(base), "--epochs", "0") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    before = (run / "reward_model" / "model.safetensors").read_bytes()
+    assert rlhf("reward", "--run_dir", str(run), "--reward_base", str(base), "--judge", "tests.judges:length") == 2
+    assert message in capsys.readouterr().err
+    assert (run / "reward_model" / "model.safetensors").read_bytes() == before  # the good reward model stays
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from tests.hf_models import tiny_config, tiny_tokenizer
+
+    tok = tiny_tokenizer(chat_template=True, pad=False)
+    config = tiny_config("llama", tok)
+    config.vocab_size = 300  # the tokenizer has 360 tokens
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "small")
+    tok.save_pretrained(tmp_path / "small")
+    assert (
+        rlhf("sft", "--run_dir", str(tmp_path / "run"), "--base_model", str(tmp_path / "small"), "--epochs", "0") == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the tokenizer does not match the base model (vocab 360 vs 300)" in err[0]

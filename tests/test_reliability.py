@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -251,7 +252,10 @@ def test_total_steps_round_up_to_whole_rollouts_and_say_so(tmp_path):
 
 
 def test_outputs_are_readable_by_others(run_dir):
-    for path in [run_dir / "sft", run_dir / "sft" / "config.json", run_dir / "reward.json", run_dir / "preferences"]:
+    """Every file the stages wrote, the weights included (safetensors writes them 0600 through a temporary)."""
+    files = [p for p in run_dir.rglob("*") if ".lock" not in p.name]
+    assert any(p.name == "model.safetensors" for p in files)
+    for path in files:  # (run_dir itself is pytest's)
         assert path.stat().st_mode & 0o044 == 0o044, (path, oct(path.stat().st_mode))
 
 
@@ -309,3 +313,69 @@ def test_a_kill_between_the_two_renames_of_a_directory_swap_restores_the_previou
     with output_lock(tmp_path):
         assert (tmp_path / "checkpoint" / "trainer_state.pt").read_text() == "step 4"
         assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+# What a run trains against: --resume checks the models' identity; stages do not replace models being read.
+def test_resume_against_a_retrained_reward_model_is_refused(run_dir, tmp_path, capsys):
+    out = copy_run(run_dir, tmp_path)
+    assert stage("ppo", out, *PPO) == 0
+    assert stage("reward", out, "--seed", "1") == 0  # another reward model under the same path
+    assert stage("ppo", out, *PPO, "--steps", "3", "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume against other models than the saved run's" in err[0]
+    assert "reward_model changed" in err[0] and "sft" not in err[0].split("changed")[0].split("/")[-1]
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from rlhf_toy.io import output_lock
+from rlhf_toy.lm.pipeline.rundir import RunDir
+hold = RunDir(sys.argv[1]).reading() if sys.argv[2] == "read" else output_lock(sys.argv[1])
+with hold:
+    Path(sys.argv[3]).write_text("held")
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("held,command,message", [
+    ("read", "sft", "is being read by a running stage"),
+    ("write", "ppo", "is being written by pid"),
+])  # fmt: skip
+def test_a_model_being_read_is_not_replaced_and_a_run_being_written_is_not_read(
+    run_dir, tmp_path, capsys, held, command, message
+):
+    out = copy_run(run_dir, tmp_path)
+    flag = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(out), held, str(flag)], env=env)
+    try:
+        for _ in range(600):
+            if flag.exists():
+                break
+            time.sleep(0.05)
+        before = (out / "sft" / "model.safetensors").stat().st_mtime_ns
+        extra = PPO if command == "ppo" else []
+        assert stage(command, out, *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert (out / "sft" / "model.safetensors").stat().st_mtime_ns == before
+    finally:
+        p.kill()
+        p.wait()
+    assert stage("sft", out) == 0  # the reader is gone: its registration does not block a writer
+
+
+@pytest.mark.parametrize("command", ["reward", "dpo"])
+def test_a_preference_pair_longer_than_the_context_is_refused_before_training(run_dir, tmp_path, capsys, command):
+    out = copy_run(run_dir, tmp_path)
+    rows_ = [{"prompt": f"My printer {i} won't start.", "chosen": "Restart it.", "rejected": "No."} for i in range(20)]
+    rows_[3]["rejected"] = "Whatever, deal with it. " * 200  # far past the tiny model's context
+    prefs = tmp_path / "long.jsonl"
+    prefs.write_text("".join(json.dumps(r) + "\n" for r in rows_))
+    before = (out / "reward_model" / "model.safetensors").read_bytes()
+    assert stage(command, out, "--preferences_file", str(prefs)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"preference pair 3 of {prefs} is" in err[0] and "longer than the context" in err[0]
+    assert (out / "reward_model" / "model.safetensors").read_bytes() == before
+    assert not (out / "dpo").exists()

@@ -32,7 +32,8 @@ class RewardConfig:
     )
     reward_base: str | None = option(
         "Train the reward model from this model instead of the SFT model: a directory, a .gguf file or smollm2; "
-        "it keeps its own tokenizer and scores the policy's replies as text.",
+        "it keeps its own tokenizer and scores the policy's replies as text. A causal LM saved with its head and "
+        "tokenizer.",
         None,
     )
     trainable_layers: int = option(

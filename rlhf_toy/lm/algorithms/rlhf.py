@@ -22,7 +22,7 @@ from rlhf_toy.config import check, option
 from rlhf_toy.distributed import check_in_sync, data_parallel, gather, mean_across_ranks, rank_and_world
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import masked_mean, masked_whiten
-from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
+from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 
 from ..models.base import context_length
 from ..models.causal_lm import response_logprobs
@@ -108,14 +108,47 @@ class Experience:
 
 
 def score_responses(reward_model, tok, s: Samples) -> Tensor:
-    """Scores `[B]` (CPU) of sampled replies. A `RewardModel` reads token ids or text as it was loaded to; a bare
-    scalar-head module shares the policy's tokenizer and reads the generated tokens; any callable
-    `(prompts, texts) -> [B]` (a rule reward, say) reads the decoded text."""
+    """Scores `[B]` (CPU) of sampled replies, checked (`checked_scores`). A `RewardModel` reads token ids or text
+    as it was loaded to; a bare scalar-head module shares the policy's tokenizer and reads the generated tokens;
+    any callable `(prompts, texts) -> [B]` (a rule reward, say) reads the decoded text."""
     if isinstance(reward_model, RewardModel):
-        return reward_model.score_samples(s, tok)
+        return checked_scores(reward_model.score_samples(s, tok), len(s.texts), reward_model)
     if isinstance(reward_model, torch.nn.Module):
-        return RewardModel(reward_model, tok, reads_ids=True).score_samples(s, tok)
-    return torch.as_tensor(reward_model(s.prompts, s.texts), dtype=torch.float32)
+        scores = RewardModel(reward_model, tok, reads_ids=True).score_samples(s, tok)
+        return checked_scores(scores, len(s.texts), reward_model)
+    return checked_scores(reward_model(s.prompts, s.texts), len(s.texts), reward_model)
+
+
+def describe(fn: Any) -> str:
+    """A reward function or model as the user would recognize it in an error."""
+    if isinstance(fn, torch.nn.Module):
+        return f"the reward model ({type(fn).__name__})"
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"the reward function {getattr(fn, '__module__', None) or '?'}.{name}"
+
+
+def checked_scores(values: Any, n: int, source: Any) -> Tensor:
+    """`values` as a float `[n]` tensor, or a `UserError` naming `source` and what it returned: one finite
+    number per reply, not a scalar to broadcast, not a table, not text or None. Runs once per step, before
+    any update, so that a bad reward never reaches the policy's weights."""
+    where = describe(source)
+    try:
+        scores = torch.as_tensor(values, dtype=torch.float32).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        shown = repr(values)[:80]
+        raise UserError(f"{where} returned {shown}, not numbers; return one float per reply ({n})") from None
+    if scores.dim() != 1 or scores.shape[0] != n:
+        raise UserError(
+            f"{where} returned shape {tuple(scores.shape)} for {n} replies; return a list of {n} floats, one per reply"
+        )
+    bad = (~torch.isfinite(scores)).nonzero().flatten()
+    if len(bad):
+        i = int(bad[0])
+        raise UserError(
+            f"{where} returned {scores[i].item()} for reply {i} ({len(bad)} of {n} not finite); return "
+            "finite numbers (nothing was updated)"
+        )
+    return scores
 
 
 def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, temperature: float) -> Tensor:
@@ -276,22 +309,7 @@ class RLHFTrainer:
         # this step's update is not applied, so the policy kept is the last one updated under it (nothing copied).
         ma = self.kl_average.add(mean_across_ranks({"kl": seq_kl.mean().item()})["kl"])
         self.stopped_by_kl_limit = self.cfg.kl_limit is not None and ma > self.cfg.kl_limit
-        stats = (
-            {}
-            if self.stopped_by_kl_limit
-            else ppo_update(
-                self.update_policy,
-                self.optimizer,
-                exp.batch,
-                self.ppo,
-                progress=self.step_count / max(1, self.cfg.steps),
-                generator=self.update_generator,
-                lr_scales=self.lr_scales,
-                policy_loss=self.algorithm.policy_loss,
-                kl_loss_coef=beta if self.cfg.kl_in_loss else 0.0,
-                group_size=self.cfg.group_size,
-            )
-        )  # groups stay whole in minibatches
+        stats = {} if self.stopped_by_kl_limit else self._update(exp, beta)
         self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
         self.step_count += 1
         # Namespaced as CleanRL's and TRL's logs: objective/ (what is optimized), policy/ (what the policy does),
@@ -317,6 +335,27 @@ class RLHFTrainer:
         self.kl_ctl.update(metrics["objective/kl"], self.cfg.batch_size)
         metrics["objective/kl_moving_average"] = ma
         return metrics
+
+    def _update(self, exp: Experience, beta: float) -> dict[str, float]:
+        """The core's `ppo_update` with this algorithm's loss; groups stay whole in minibatches."""
+        try:
+            return ppo_update(
+                self.update_policy,
+                self.optimizer,
+                exp.batch,
+                self.ppo,
+                progress=self.step_count / max(1, self.cfg.steps),
+                generator=self.update_generator,
+                lr_scales=self.lr_scales,
+                policy_loss=self.algorithm.policy_loss,
+                kl_loss_coef=beta if self.cfg.kl_in_loss else 0.0,
+                group_size=self.cfg.group_size,
+            )
+        except NonFiniteUpdate as exc:
+            raise UserError(
+                f"step {self.step_count + 1}: {exc}; lower --learning_rate (or set --max_grad_norm), or check the "
+                "reward's scale"
+            ) from None
 
     # Checkpoints: the policy in Hugging Face format, the rest (value head, optimizer, controller, RNG) beside it.
     def state(self) -> dict[str, Any]:

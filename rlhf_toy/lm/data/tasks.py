@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import codecs
 import importlib
 import inspect
 import math
@@ -217,6 +218,22 @@ def load_pairs(path: str, eval_fraction: float = 0.1, seed: int = 0) -> tuple[Pa
     return [x for x in pairs if x[0] not in held], [x for x in pairs if x[0] in held] or pairs[:1]
 
 
+def check_utf8(path: Path) -> None:
+    """A text file must be UTF-8 throughout: pyarrow reads other bytes silently and fails later, deep in a stage."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                at = line + chunk[: exc.start].count(b"\n")
+                raise UserError(
+                    f"{path} is not UTF-8 text (byte 0x{chunk[exc.start]:02x} on line {at}); save it as UTF-8"
+                ) from None
+            line += chunk.count(b"\n")
+
+
 def load_table(path: str):
     """A local JSONL/JSON, CSV or parquet file as a `datasets.Dataset`, with one-line errors."""
     from datasets import load_dataset
@@ -229,11 +246,16 @@ def load_table(path: str):
     kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(p.suffix.lower())
     if kind is None:
         raise UserError(f"{path}: unknown file type '{p.suffix}'; use .jsonl, .json, .csv or .parquet")
+    if kind != "parquet":
+        check_utf8(p)
     try:
         ds = load_dataset(kind, data_files=str(p), split="train")
     except Exception as exc:
-        first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise UserError(f"cannot read {path} as {kind} ({type(exc).__name__}: {first_line})") from exc
+        root = exc  # datasets wraps the parser's error ("An error occurred while generating the dataset"): name it
+        while root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        first_line = str(root).splitlines()[0][:200] if str(root) else ""
+        raise UserError(f"cannot read {path} as {kind} ({type(root).__name__}: {first_line})") from None
     if len(ds) == 0:
         raise UserError(f"{path} is empty; it needs at least one row")
     return ds

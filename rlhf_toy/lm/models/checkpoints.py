@@ -39,7 +39,7 @@ def load_causal_lm(path: str | os.PathLike[str], what: str):
             "directory (e.g. run_dir/sft or run_dir/ppo/policy)"
         )
     tok = load_tokenizer(path)
-    model = from_pretrained(AutoModelForCausalLM, path, what)
+    model = from_pretrained(AutoModelForCausalLM, path, what, strict=True)
     check_tokenizer_matches(tok, model, what)
     return model, tok
 
@@ -51,12 +51,21 @@ def read_config(path: Path) -> dict:
         raise UserError(f"{path / 'config.json'} is not valid JSON ({exc}); re-run the stage that wrote it") from None
 
 
-def from_pretrained(auto_class, path: Path, what: str, **kwargs):
-    """`auto_class.from_pretrained(path)` in eval mode; a damaged directory is a one-line `UserError`."""
+def from_pretrained(auto_class, path: Path, what: str, strict: bool = False, **kwargs):
+    """`auto_class.from_pretrained(path)` in eval mode; a damaged directory is a one-line `UserError`. `strict`:
+    weights the model needs but the directory lacks (a trunk saved without its LM head) are an error too, not
+    a randomly initialized layer and a log line."""
     try:
-        return auto_class.from_pretrained(str(path), **kwargs).eval()
+        model, info = auto_class.from_pretrained(str(path), output_loading_info=True, **kwargs)
     except Exception as exc:  # a truncated model.safetensors, a config of an unknown architecture, ...
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
         raise UserError(
             f"cannot load the {what} model in {path} ({type(exc).__name__}: {first}); re-run the stage that wrote it"
         ) from None
+    if strict and info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise UserError(
+            f"the {what} model in {path} lacks trained weights for {', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''} ({len(missing)} tensors); pass a model saved with every weight"
+        )
+    return model.eval()

@@ -4,6 +4,7 @@ bf16 autocast (the weights and the optimizer stay fp32)."""
 from __future__ import annotations
 
 import contextlib
+import re
 
 import torch
 
@@ -14,6 +15,8 @@ def resolve_device(name: str) -> torch.device:
     """`auto` -> cuda if available else cpu; `cuda` without a GPU is a one-line error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and not re.fullmatch(r"cuda(:\d+)?", name):  # mps, meta, xla...: not paths this project runs
+        raise UserError(f"--device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {name} but torch sees no GPU here; pass --device cpu (or auto)")
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,20 +60,46 @@ def add_lora(model, cfg: LoraConfig, task_type: str, seed: int | None = None):
     import peft  # an optional extra ('lora'): imported only when LoRA is asked for
 
     targets: Any = target_modules(model, cfg.lora_targets)
+    check_rank(model, cfg.lora_r, targets)
     lora = peft.LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type=task_type
     )
     try:
-        if seed is None:
-            return peft.get_peft_model(model, lora)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[], enabled=seed is not None):
+            # peft asks transformers' deprecated `is_gradient_checkpointing`: a FutureWarning on every LoRA run
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            if seed is not None:
+                torch.manual_seed(seed)
             return peft.get_peft_model(model, lora)
     except ValueError as exc:
         raise UserError(
             f"cannot add LoRA adapters ({str(exc).splitlines()[0][:160]}); pass --lora_targets with "
             "module names of this model"
         ) from None
+
+
+HEADS = ("lm_head", "score", "classifier")  # output layers: peft's all-linear adapts none of them
+
+
+def check_rank(model, r: int, targets: str | list[str]) -> None:
+    """A rank above a targeted layer's width adds parameters without adding rank: refuse it, naming the limit."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    def targeted(name: str, m: torch.nn.Module) -> bool:
+        if targets != "all-linear":
+            return name.rsplit(".", 1)[-1] in targets
+        return m is not output and name.rsplit(".", 1)[-1] not in HEADS  # peft leaves heads out of all-linear
+
+    widths = [
+        min(m.in_features, m.out_features)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and targeted(name, m)
+    ]
+    if widths and r > min(widths):
+        raise UserError(
+            f"--lora_r {r} is above the narrowest targeted layer's width ({min(widths)}): the update could not "
+            f"use that rank; pass --lora_r {min(widths)} or less"
+        )
 
 
 def target_modules(model, spec: str) -> str | list[str]:
@@ -100,7 +127,14 @@ def load_lora(base, adapter_dir: Path):
     require_peft()
     import peft  # an optional extra ('lora'): imported only when LoRA is asked for
 
-    return peft.PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+    try:
+        return peft.PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+    except Exception as exc:  # a truncated adapter_model.safetensors, a config of other modules
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise UserError(
+            f"cannot load the LoRA adapters in {adapter_dir} ({type(exc).__name__}: {first}); delete that "
+            "checkpoint and start without --resume"
+        ) from None
 
 
 def merged_copy(model):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rlhf_toy.cli import Command, dispatch
-from rlhf_toy.config import check, option
+from rlhf_toy.config import check, check_seed, option
 from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError, run_cli
 from rlhf_toy.ppo import PPOConfig
@@ -64,6 +64,7 @@ class SampleConfig:
     device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         check(self.n >= 1, "n", self.n, ">= 1")
         check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
         check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
@@ -98,6 +99,15 @@ def _all(run: RunConfig) -> int:
     return 0
 
 
+def stdin_lines():
+    """Standard input's lines, decoded as UTF-8 one at a time: other bytes are one error naming the line."""
+    for i, raw in enumerate(sys.stdin.buffer, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"line {i} of standard input is not UTF-8 text; send UTF-8") from None
+
+
 def _sample(cfg: SampleConfig) -> int:
 
     quiet_libraries()
@@ -106,7 +116,7 @@ def _sample(cfg: SampleConfig) -> int:
     model.to(device)
     torch.manual_seed(cfg.seed)
     interactive = cfg.prompt is None and sys.stdin.isatty()
-    lines = [cfg.prompt] if cfg.prompt is not None else sys.stdin
+    lines = [cfg.prompt] if cfg.prompt is not None else stdin_lines()
     if interactive:
         print("Type a message (Ctrl-D to quit).", file=sys.stderr)
     for line in lines:

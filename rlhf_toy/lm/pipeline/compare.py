@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhf_toy.config import check, derived, option, parse_list
+from rlhf_toy.config import check, check_seed, derived, option, parse_list
 from rlhf_toy.logging import markdown_table, moving_average, plt_module, read_jsonl, save_figure
 
 from ..algorithms.dpo import DPOConfig
@@ -76,7 +76,12 @@ class CompareConfig:
             f"comma-separated names from {', '.join(METHODS)}",
         )
         self.seed_list = parse_list("seeds", self.seeds, int, "comma-separated integers")
+        for seed in self.seed_list:
+            check_seed(seed, "seeds")
+        # Two runs of one seed are the same run: a standard error over them would claim a precision it lacks.
+        check(len(set(self.seed_list)) == len(self.seed_list), "seeds", self.seeds, "distinct seeds, e.g. 0,1,2")
         self.best_of_ns = parse_list("best_of", self.best_of, int, "integers >= 1")
+        check(all(n >= 1 for n in self.best_of_ns), "best_of", self.best_of, "comma-separated integers >= 1")
         check(
             self.batch_size % LARGEST_GROUP == 0,
             "batch_size",

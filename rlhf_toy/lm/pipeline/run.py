@@ -12,8 +12,9 @@ import datasets
 import torch
 import transformers
 
-from rlhf_toy.config import check, option
-from rlhf_toy.distributed import barrier, init_distributed
+from rlhf_toy.config import check, check_seed, option
+from rlhf_toy.distributed import COLLECTIVE_TIMEOUT_S, barrier, init_distributed, is_main
+from rlhf_toy.io import check_no_readers
 from rlhf_toy.seeding import seed_everything
 
 from ..data.tasks import Task, get_task
@@ -40,11 +41,18 @@ class RunConfig:
     judge: str | None = option("Gold judge as module:function (text -> float).", None)
     seed: int = option("Seed of every stage.", 0)
     threads: int = option("torch threads.", 2)
+    collective_timeout_s: float = option(
+        "Under torchrun: how long a rank waits for the others in a collective before it fails (a stopped rank "
+        "then ends the run with an error instead of hanging it).",
+        float(COLLECTIVE_TIMEOUT_S),
+    )
     max_train_pairs: int | None = option("Use only this many SFT pairs (quick runs).", None)
     progress: bool = option("Show progress bars.", True)
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         check(self.threads >= 1, "threads", self.threads, ">= 1")
+        check(self.collective_timeout_s > 0, "collective_timeout_s", self.collective_timeout_s, "> 0 seconds")
         check(
             self.max_train_pairs is None or self.max_train_pairs >= 1,
             "max_train_pairs",
@@ -59,7 +67,7 @@ class RunConfig:
     @property
     def torch_device(self) -> torch.device:
         """The device of this process: under torchrun it joins the process group, one GPU per rank."""
-        return init_distributed(resolve_device(self.device))
+        return init_distributed(resolve_device(self.device), self.collective_timeout_s)
 
     def start(self) -> Task:
         """Quiet the libraries, seed everything, and load the task (data and gold judge)."""
@@ -80,6 +88,8 @@ def writes_run_dir(stage: Callable[..., dict[str, Any]]) -> Callable[..., dict[s
     def locked(run: RunConfig, *configs: Any) -> dict[str, Any]:
         run.torch_device  # noqa: B018  under torchrun: join the process group first, so only rank 0 locks
         with run.dir.lock():
+            if is_main():
+                check_no_readers(run.dir.path)  # a running ppo or dpo reads the models this stage may replace
             out = stage(run, *configs)
         barrier()  # under torchrun: no rank reads the stage's outputs before rank 0 has written them
         return out
@@ -92,3 +102,4 @@ def quiet_libraries() -> None:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its error logs precede our own one-line errors

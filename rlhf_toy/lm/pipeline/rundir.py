@@ -28,7 +28,7 @@ from datasets import load_from_disk
 
 from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError
-from rlhf_toy.io import atomic_dir, atomic_write_json, atomic_write_text, output_lock
+from rlhf_toy.io import atomic_dir, atomic_write_json, atomic_write_text, output_lock, reader_lock
 from rlhf_toy.logging import read_jsonl
 
 from ..data.preferences import check_preferences
@@ -135,6 +135,15 @@ class PolicyDir:
         """`(policy model, tokenizer)` for evaluation; `name` names it in errors."""
         return load_causal_lm(self.policy, f"policy '{name}'")
 
+    def check_kind(self, algorithm: str) -> None:
+        """An output directory holds one kind of run: refuse to write `algorithm`'s run over another's."""
+        held = self.load_summary().get("algorithm")
+        if held is not None and held != algorithm:
+            raise UserError(
+                f"{self.path} holds a finished {held} run; pass another --policy_dir for {algorithm} (or delete "
+                "that directory)"
+            )
+
     def load_summary(self) -> dict[str, Any]:
         """The run's summary (`summary.json`; a directory written before 0.2 has it as `ppo.json`), or {}."""
         for path in (self.summary, self.path / "ppo.json"):
@@ -167,6 +176,11 @@ class RunDir:
         """Only one process writes the run directory's own files at a time (policy directories have their own);
         under torchrun rank 0 holds it for all ranks."""
         return output_lock(self.path, "run") if is_main() else contextlib.nullcontext()
+
+    def reading(self):
+        """A policy stage reads the run's models for the block: writers of the run directory refuse meanwhile
+        (under torchrun each rank registers; rank 0 alone holds the write lock)."""
+        return reader_lock(self.path, "run's models")
 
     def report(self, name: str) -> Path:
         """A stage's JSON or markdown report: sft.json, reward.json, eval.md, ..."""

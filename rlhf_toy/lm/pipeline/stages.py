@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from rlhf_toy.config import check, derived, option, parse_list
 from rlhf_toy.distributed import barrier, is_main, rank_and_world
 from rlhf_toy.errors import UserError
+from rlhf_toy.io import folder_digest
 from rlhf_toy.logging import MetricLogger, plt_module, save_figure
 from rlhf_toy.ppo import PPOConfig
 
@@ -32,7 +33,7 @@ from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_g
 from ..data.tasks import Task
 from ..models.base import context_length, load_base, resolve_base_model
 from ..models.causal_lm import ModelConfig, new_causal_lm
-from ..models.chat import check_fits, check_tokenizer_matches, encode_prompts, train_tokenizer
+from ..models.chat import check_fits, check_pairs_fit, check_tokenizer_matches, encode_prompts, train_tokenizer
 from ..models.devices import autocast
 from ..models.layers import freeze_below
 from ..models.lora import LoraConfig, add_lora, lora_settings, merged_copy
@@ -203,6 +204,7 @@ def stage_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = No
     pairs = rd.load_preferences(run.preferences_file)
     rm, tok = start_reward_model(run, cfg, lora)
     check_fits(encode_prompts(tok, pairs["prompt"]), context_length(rm.config), 2, "preference")
+    check_pairs_fit(tok, pairs, context_length(rm.config), run.preferences_file or str(rd.preferences))
     held_pairs = None
     if run.preferences_file and cfg.heldout_fraction > 0:  # a user's file: hold out a seeded share of its prompts
         pairs, held_pairs = split_pairs(pairs, cfg.heldout_fraction, run.seed)
@@ -295,6 +297,22 @@ def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> Non
         )
 
 
+def model_identity(rd: RunDir) -> dict[str, str]:
+    """What a policy run trains against, by content: the SFT model (the starting policy and the reference) and
+    the reward model. Saved in every checkpoint; `--resume` refuses to continue against other models."""
+    return {"sft": folder_digest(rd.sft), "reward_model": folder_digest(rd.reward_model)}
+
+
+def check_resume_identity(saved: dict[str, str] | None, current: dict[str, str], rd: RunDir) -> None:
+    changed = [name for name, digest in current.items() if saved is not None and saved.get(name) != digest]
+    if changed:
+        where = ", ".join(str(rd.path / name) for name in changed)
+        raise UserError(
+            f"--resume against other models than the saved run's: {where} changed since it started (a stage was "
+            "re-run); resume with the models it trained against, or start a new --policy_dir"
+        )
+
+
 def start_policy(rd: RunDir, device: torch.device, lora: LoraConfig):
     """`(policy, tokenizer)` of a policy stage: the SFT model, with fresh trainable LoRA adapters if asked for."""
     model, tok = rd.load_sft(device)
@@ -324,10 +342,13 @@ def stage_ppo(
     device = run.torch_device
     out = rd.policy_dir(resume.policy_dir or algorithm)
     settings = {**run_settings(run, cfg, ppo), **asdict(lora), "algorithm": algorithm}
-    with out.lock():
+    with out.lock(), rd.reading():
+        out.check_kind(algorithm)
+        identity = model_identity(rd)
         state = None
         if resume.resume:
             model, tok, state = out.load_checkpoint(lambda: rd.load_sft(device) if lora.enabled else None)
+            check_resume_identity(state.get("models"), identity, rd)
             check_resume_settings(state.get("settings", {}), settings)
         else:
             model, tok = start_policy(rd, device, lora)
@@ -353,7 +374,7 @@ def stage_ppo(
         def checkpoint() -> None:
             state = trainer.state()  # every rank: it gathers the ranks' RNG states
             logger.flush()  # first the history, so a kill right after the checkpoint leaves no hole in it
-            out.save_checkpoint(trainer.policy.lm, trainer.tok, {**state, "settings": settings})  # rank 0
+            out.save_checkpoint(trainer.policy.lm, trainer.tok, {**state, "settings": settings, "models": identity})
             barrier()
 
         logger = MetricLogger(out.path, tensorboard=True, history=rows, enabled=is_main())
@@ -425,8 +446,10 @@ def stage_dpo(run: RunConfig, cfg: DPOConfig, where: DPODirConfig, lora: LoraCon
     lora = lora_settings(lora)
     out = rd.policy_dir(where.policy_dir)
     pairs = rd.load_preferences(run.preferences_file)
-    with out.lock():
+    with out.lock(), rd.reading():
+        out.check_kind("dpo")
         model, tok = start_policy(rd, run.torch_device, lora)
+        check_pairs_fit(tok, pairs, context_length(model.config), run.preferences_file or str(rd.preferences))
         ref_model = reference_model(rd, run.torch_device, lora)
         held = rd.load_json(rd.preferences_eval)
         held_pairs = None if held is None else dpo_pairs_from_groups(held["prompts"], held["responses"], held["scores"])
