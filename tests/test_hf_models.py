@@ -359,7 +359,7 @@ def test_architecture_without_a_causal_lm_head(tmp_path, capsys):
     DistilBertModel(DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(
         tmp_path / "bert"
     )
-    assert "no causal-LM head" in sft_error(tmp_path / "run", tmp_path / "bert", capsys)
+    assert "not a causal language model" in sft_error(tmp_path / "run", tmp_path / "bert", capsys)
 
 
 def test_lora_without_peft(bases, tmp_path, capsys, monkeypatch):
