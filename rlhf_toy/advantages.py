@@ -112,3 +112,17 @@ def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Tens
     the unbiased std. A group whose rewards are all equal gets 0. `rewards [B]` -> advantages `[B]`."""
     g = _groups(rewards, group_size)
     return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)).reshape(-1)
+
+
+def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """Dr. GRPO (Liu et al. 2025): each reward minus its group's mean, without GRPO's division by the group's std
+    (which weights easy and hard prompts unequally). `rewards [B]` -> advantages `[B]`."""
+    g = _groups(rewards, group_size)
+    return (g - g.mean(1, keepdim=True)).reshape(-1)
+
+
+def equal_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """`[B / k]` bool: True for each group whose k rewards are all equal. Every group baseline gives such a group
+    zero advantage, so it teaches nothing (DAPO's dynamic sampling drops it)."""
+    g = _groups(rewards, group_size)
+    return (g == g[:, :1]).all(1)

@@ -30,10 +30,68 @@ def kl_k1(logp: Tensor, logq: Tensor) -> Tensor:
     return logp - logq
 
 
+def kl_k2(logp: Tensor, logq: Tensor) -> Tensor:
+    """Per-sample k2 estimate of KL(p || q) from samples of p: (log p - log q)^2 / 2. Biased, >= 0; as a loss its
+    gradient is the reverse KL's (Schulman's "Approximating KL divergence")."""
+    return 0.5 * (logp - logq) ** 2
+
+
 def kl_k3(logp: Tensor, logq: Tensor) -> Tensor:
     """Per-sample k3 estimate of KL(p || q) from samples of p: (q/p - 1) - log(q/p). Unbiased and >= 0."""
     log_ratio = logq - logp
     return torch.expm1(log_ratio) - log_ratio
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_estimate(logp: Tensor, logq: Tensor, kind: str) -> Tensor:
+    """The per-sample KL(p || q) estimate `kind` (k1, k2 or k3) from samples of p, any shape."""
+    if kind not in KL_ESTIMATORS:
+        raise ValueError(f"kl estimator must be one of {', '.join(KL_ESTIMATORS)}, not {kind!r}")
+    return KL_ESTIMATORS[kind](logp, logq)
+
+
+# How a per-token loss `[B, L]` becomes one number (the GRPO family differs here):
+AGGREGATIONS = ("token", "sequence", "constant")
+
+
+def aggregate(
+    per_token: Tensor, mask: Tensor | None = None, how: str = "token", length: int | None = None, dim: Dims = None
+) -> Tensor:
+    """A per-token loss `[B, L]` (or per-sample `[B]`) reduced to a scalar:
+
+    - `token`: the mean over every real token of the batch (DAPO's token-level loss; what PPO-RLHF does);
+    - `sequence`: each reply's mean over its own tokens, then the mean over replies (GRPO's 1/|o_i|);
+    - `constant`: the sum over real tokens divided by B * `length` (Dr. GRPO: a constant, the generation limit,
+      instead of each reply's length; `length` defaults to L).
+
+    Samples without a time axis give the plain masked mean for every `how`: environment steps `[B]`, and a
+    population's `[N, b]` (given with its `dim`, whose last axis is samples, not time).
+    """
+    if how == "token" or per_token.dim() < 2 or dim is not None:
+        return masked_mean(per_token, mask, dim)
+    m = torch.ones_like(per_token) if mask is None else mask.to(per_token.dtype)
+    if how == "sequence":
+        return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    if how == "constant":
+        return (per_token * m).sum() / (per_token.shape[0] * (length or per_token.shape[-1]))
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {how!r}")
+
+
+RATIO_LEVELS = ("token", "sequence")
+
+
+def log_ratios(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor | None = None, level: str = "token") -> Tensor:
+    """log pi_new / pi_old per token `[B, L]`; at `level` "sequence" (GSPO), every token of a reply carries the
+    reply's mean log-ratio over its real tokens, log s_i = mean_t log rho_{i,t} (the length-normalized
+    sequence ratio), so that one ratio per reply is clipped."""
+    log_ratio = logprobs - old_logprobs
+    if level == "token" or log_ratio.dim() < 2:
+        return log_ratio
+    if level != "sequence":
+        raise ValueError(f"ratio level must be one of {RATIO_LEVELS}, not {level!r}")
+    return masked_mean(log_ratio, mask, -1, keepdim=True).expand_as(log_ratio)
 
 
 def clipped_policy_loss(
@@ -43,33 +101,48 @@ def clipped_policy_loss(
     clip_range: float | None,
     mask: Tensor | None = None,
     dim: Dims = None,
+    clip_range_high: float | None = None,
+    ratio_level: str = "token",
+    aggregation: str = "token",
+    length: int | None = None,
 ) -> PolicyLoss:
-    """PPO's clipped surrogate: mean of max(-A * r, -A * clip(r, 1 - eps, 1 + eps)), r = pi_new / pi_old.
+    """PPO's clipped surrogate: mean of max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high)), r = pi_new / pi_old.
 
-    `clip_range=None` gives the unclipped surrogate -A * r (the lesson's "break the clip" exercise).
-    At r = 1 its gradient equals the plain policy gradient's, -A * grad log pi. `dim` (as in `masked_mean`)
-    keeps the other dimensions: a population's `[N, b]` with `dim=1` gives one loss per agent.
+    `clip_range` is eps_low, and eps_high too unless `clip_range_high` is given (DAPO's clip-higher). `clip_range
+    =None` gives the unclipped surrogate -A * r (the lesson's "break the clip" exercise). At r = 1 its gradient
+    equals the plain policy gradient's, -A * grad log pi. `ratio_level` "sequence" clips one ratio per reply
+    (GSPO, `log_ratios`); `aggregation` and `length` reduce the per-token loss (`aggregate`). `dim` (as in
+    `masked_mean`) keeps the other dimensions: a population's `[N, b]` with `dim=1` gives one loss per agent.
     """
-    log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
+    # A population's `[N, b]` (`dim`) has no time axis: one ratio per sample whatever the level.
+    ratio = torch.exp(log_ratios(logprobs, old_logprobs, mask, "token" if dim is not None else ratio_level))
     unclipped = -advantages * ratio
     if clip_range is None:
         per_sample = unclipped
         clipped_mask = torch.zeros_like(ratio, dtype=torch.bool)
     else:
-        clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+        high = clip_range if clip_range_high is None else clip_range_high
+        clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
         per_sample = torch.maximum(unclipped, clipped)
-        clipped_mask = (ratio - 1.0).abs() > clip_range
+        clipped_mask = (ratio < 1.0 - clip_range) | (ratio > 1.0 + high)
     with torch.no_grad():
         clip_fraction = masked_mean(clipped_mask.to(ratio.dtype), mask, dim)
         approx_kl = masked_mean(kl_k3(old_logprobs, logprobs), mask, dim)
         ratio_mean = masked_mean(ratio, mask, dim)
-    return PolicyLoss(masked_mean(per_sample, mask, dim), clip_fraction, approx_kl, ratio_mean)
+    return PolicyLoss(aggregate(per_sample, mask, aggregation, length, dim), clip_fraction, approx_kl, ratio_mean)
 
 
-def policy_gradient_loss(logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None, dim: Dims = None) -> Tensor:
-    """REINFORCE: -mean(log pi(a|s) * A). `advantages` are returns (no baseline) or returns - V (baseline)."""
-    return masked_mean(-logprobs * advantages.detach(), mask, dim)
+def policy_gradient_loss(
+    logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None = None,
+    dim: Dims = None,
+    aggregation: str = "token",
+    length: int | None = None,
+) -> Tensor:
+    """REINFORCE: -mean(log pi(a|s) * A). `advantages` are returns (no baseline) or returns - V (baseline);
+    `aggregation` as in `aggregate`."""
+    return aggregate(-logprobs * advantages.detach(), mask, aggregation, length, dim)
 
 
 def value_loss(

@@ -18,7 +18,16 @@ from torch import Tensor
 from .config import check, option
 from .distributed import any_rank
 from .errors import UserError
-from .losses import clipped_policy_loss, explained_variance, kl_k3, policy_gradient_loss, value_loss
+from .losses import (
+    AGGREGATIONS,
+    RATIO_LEVELS,
+    aggregate,
+    clipped_policy_loss,
+    explained_variance,
+    kl_estimate,
+    policy_gradient_loss,
+    value_loss,
+)
 from .masks import Dims, masked_mean, masked_whiten
 
 
@@ -68,6 +77,17 @@ class PPOConfig:
     gae_lambda: float = option("GAE lambda: 0 is one-step TD, 1 is Monte-Carlo.", 0.95)
     clip: bool = option("Clip the policy ratio; --no_clip gives the unclipped surrogate.", True)
     clip_range: float = option("Policy ratio clip epsilon: r is kept in [1 - eps, 1 + eps].", 0.2)
+    clip_range_high: float | None = option(
+        "Upper clip epsilon (DAPO's clip-higher): r is kept in [1 - clip_range, 1 + this] (None: clip_range).", None
+    )
+    ratio_level: str = option(
+        "token: one ratio per token (PPO, GRPO); sequence: one per reply, its tokens' mean log-ratio (GSPO).", "token"
+    )
+    loss_aggregation: str = option(
+        "How per-token losses become one: token (mean over the minibatch's tokens), sequence (each reply's mean, "
+        "then the mean over replies: GRPO) or constant (sum / (replies x max_new_tokens): Dr. GRPO).",
+        "token",
+    )
     anneal_clip: bool = option("Anneal clip_range linearly to 0 over training (rl-zoo style).", False)
     clip_range_vf: float | None = option("Clip the value prediction to old value +/- this (None: no clip).", None)
     normalize_advantages: bool = option("Normalize advantages to mean 0, std 1 in each minibatch.", True)
@@ -84,6 +104,14 @@ class PPOConfig:
         check(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1], e.g. 0.99")
         check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", self.gae_lambda, "in [0, 1], e.g. 0.95")
         check(self.clip_range > 0, "clip_range", self.clip_range, "> 0, e.g. 0.2 (use --no_clip to disable)")
+        check(
+            self.clip_range_high is None or self.clip_range_high >= self.clip_range,
+            "clip_range_high",
+            self.clip_range_high,
+            f">= clip_range ({self.clip_range}; eps_high below eps_low is the opposite of clip-higher)",
+        )
+        check(self.ratio_level in RATIO_LEVELS, "ratio_level", self.ratio_level, " or ".join(RATIO_LEVELS))
+        check(self.loss_aggregation in AGGREGATIONS, "loss_aggregation", self.loss_aggregation, ", ".join(AGGREGATIONS))
         check(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0")
         check(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
         check(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
@@ -173,13 +201,17 @@ def minibatch_loss(
     policy_loss: str = "clipped",
     kl_loss_coef: float = 0.0,
     dim: Dims = None,
+    kl_estimator: str = "k3",
+    length: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's loss on one minibatch, from the policy's fresh `(logprobs, entropy, values)` (each `[b, *S]`).
 
     Advantages are normalized over the minibatch's real steps (if enabled), then: the policy loss (`clipped`:
     the clipped surrogate; `pg`: REINFORCE's -log pi * A) + vf_coef * (clipped) value loss - ent_coef * entropy
-    (+ kl_loss_coef * k3 KL to `mb.ref_logprobs`, GRPO's KL in the loss). Returns the scalar loss and its parts
-    (`policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`, `kl_loss`; diagnostics detached).
+    (+ kl_loss_coef * the `kl_estimator` KL to `mb.ref_logprobs`: GRPO's k3 in the loss, or k2). The policy and KL
+    terms are reduced by `cfg.loss_aggregation` (`length`: the constant of "constant", the generation limit).
+    Returns the scalar loss and its parts (`policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`,
+    `kl_loss`; diagnostics detached).
     `dim` (as in `masked_mean`) runs it on independent problems at once: a population's `[N, b]` tensors with
     `dim=1` give every agent its own advantage normalization and loss, the loss and each part shaped `[N]`
     (`rlhf_toy.population`).
@@ -188,13 +220,22 @@ def minibatch_loss(
     dims = range(advantages.dim()) if dim is None else (dim,) if isinstance(dim, int) else dim
     if cfg.normalize_advantages and math.prod(advantages.shape[d] for d in dims) > 1:  # > 1 sample per problem
         advantages = masked_whiten(advantages, mb.mask, dim=dim)
-    pg = clipped_policy_loss(logprobs, mb.logprobs, advantages, clip_range, mb.mask, dim)
-    p_loss = pg.loss if policy_loss == "clipped" else policy_gradient_loss(logprobs, advantages, mb.mask, dim)
+    how = cfg.loss_aggregation
+    high = None  # eps_high follows eps_low's schedule (anneal_clip)
+    if clip_range is not None and cfg.clip_range_high is not None:
+        high = cfg.clip_range_high * clip_range / cfg.clip_range
+    pg = clipped_policy_loss(
+        logprobs, mb.logprobs, advantages, clip_range, mb.mask, dim, high, cfg.ratio_level, how, length
+    )
+    if policy_loss == "clipped":
+        p_loss = pg.loss
+    else:
+        p_loss = policy_gradient_loss(logprobs, advantages, mb.mask, dim, how, length)
     v_loss = value_loss(values, mb.values, mb.returns, cfg.clip_range_vf, mb.mask, dim)
     loss = p_loss + cfg.vf_coef * v_loss
     kl = torch.zeros_like(loss)
     if kl_loss_coef > 0 and mb.ref_logprobs is not None:
-        kl = masked_mean(kl_k3(logprobs, mb.ref_logprobs), mb.mask, dim)
+        kl = aggregate(kl_estimate(logprobs, mb.ref_logprobs, kl_estimator), mb.mask, how, length, dim)
         loss = loss + kl_loss_coef * kl
     if cfg.ent_coef > 0:
         ent = masked_mean(entropy, mb.mask, dim)
@@ -223,6 +264,8 @@ def ppo_update(
     policy_loss: str = "clipped",
     kl_loss_coef: float = 0.0,
     group_size: int = 1,
+    kl_estimator: str = "k3",
+    length: int | None = None,
 ) -> dict[str, float]:
     """Run `cfg.n_epochs` epochs of shuffled minibatches of PPO on `batch`. Returns mean diagnostics.
 
@@ -230,7 +273,8 @@ def ppo_update(
     `generator` makes the shuffling reproducible; `lr_scales` gives each optimizer param group its learning rate
     as a multiple of the scheduled one (default: 1 for every group; e.g. a freshly initialised value head may
     learn faster than a pretrained language model). `policy_loss` "pg" makes it REINFORCE's update (RLOO's
-    too) and `kl_loss_coef` adds a k3 KL to `batch.ref_logprobs` to the loss (GRPO's); see `minibatch_loss`.
+    too) and `kl_loss_coef` adds a `kl_estimator` (k3: GRPO's; k2) KL to `batch.ref_logprobs` to the loss; `length`
+    is the constant of `cfg.loss_aggregation` "constant" (Dr. GRPO: the generation limit); see `minibatch_loss`.
     `group_size` > 1 keeps groups of that many consecutive samples whole in every minibatch
     (`shuffled_minibatches`). Each minibatch: normalize advantages (if enabled, over
     its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
@@ -249,7 +293,9 @@ def ppo_update(
         for idx in shuffled_minibatches(n, cfg.minibatch_size, generator, group_size):
             mb = minibatch(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
-            loss, parts = minibatch_loss(logprobs, entropy, values, mb, cfg, clip_range, policy_loss, kl_loss_coef)
+            loss, parts = minibatch_loss(
+                logprobs, entropy, values, mb, cfg, clip_range, policy_loss, kl_loss_coef, None, kl_estimator, length
+            )
             # This minibatch already moved too far: stop before stepping on it (on every rank at once, so that
             # data-parallel ranks stay in lockstep).
             if cfg.target_kl is not None and any_rank(parts["approx_kl"].item() > 1.5 * cfg.target_kl):

@@ -136,23 +136,40 @@ def presets_page() -> str:
 
 def algorithms_page() -> str:
     algorithms = list(online.ALGORITHMS.values())
+
+    def update(a: online.OnlineAlgorithm) -> str:
+        p = a.preset
+        clip = f"{p.clip_range:g}" + (f" / {p.clip_range_high:g}" if p.clip_range_high is not None else "")
+        return (
+            f"{p.ratio_level} ratio, clip {clip}, {p.loss_aggregation} mean"
+            if a.policy_loss == "clipped"
+            else (f"{p.loss_aggregation} mean")
+        )
+
     rows = [
-        [a.label, f"`rlhf-toy {a.command}`", f"`{a.advantages.__name__}`", a.policy_loss,
-         "yes" if a.uses_critic else "no", str(a.default_group_size), ", ".join(a.kl_placements)]
+        [a.label, f"`rlhf-toy {a.command}`", f"`{a.advantages.__name__}`", a.policy_loss, update(a),
+         "yes" if a.uses_critic else "no", str(a.default_group_size),
+         ", ".join(f"{k}={cell(v)}" for k, v in a.rollout.items()) or "-"]
         for a in algorithms
     ]  # fmt: skip
-    summaries = [f"- **{a.label}** (`{a.name}`): {a.summary}" for a in algorithms]
+    summaries = [
+        f"- **{a.label}** (`{a.name}`): {a.summary}" + (f" ({a.paper})" if a.paper else "") for a in algorithms
+    ]
     return "\n".join([
         "# Algorithms\n", GENERATED,
         "The online algorithms, from the one table that holds their identity (`rlhf_toy.lm.algorithms.online."
         "ALGORITHMS`). Commands, labels, `compare`'s methods and the benchmark are derived from it. DPO is "
         "offline (its own stage, `rlhf-toy dpo`). How to add one: [Contributing](../contributing.md).\n",
-        table(["algorithm", "command", "advantages", "policy loss", "critic", "k", "KL placements"], rows) + "\n",
+        table(["algorithm", "command", "advantages", "policy loss", "update", "critic", "k", "rollout"], rows) + "\n",
         *summaries, "",
         "`k` is the number of replies sampled per prompt (`--group_size`). Policy loss `clipped` is PPO's clipped "
-        "surrogate; `pg` is the plain policy gradient, -log pi(a) A. KL placement `reward` puts -beta KL in the "
-        "per-token reward; `loss` (with `--kl_in_loss`) adds beta times the k3 estimate to the loss instead "
-        "(DeepSeekMath). Each algorithm's preset is in [Presets](presets.md).\n",
+        "surrogate; `pg` is the plain policy gradient, -log pi(a) A. `update`: the importance ratio's level (token, "
+        "or one per reply: GSPO), the clip range (eps_low / eps_high: DAPO's clip-higher) and how per-token losses "
+        "become one (`token`: over the minibatch's tokens; `sequence`: each reply's mean, then over replies; "
+        "`constant`: the sum over tokens divided by replies x max_new_tokens). `rollout`: the sampling settings it "
+        "changes. Where the KL goes is a setting of every algorithm: `--kl_in reward` (default) puts -beta KL in "
+        "the per-token reward; `--kl_in loss` adds beta times the k3 (or `--kl_estimator k2`) estimate to the "
+        "loss (DeepSeekMath). Each algorithm's preset is in [Presets](presets.md).\n",
     ])  # fmt: skip
 
 

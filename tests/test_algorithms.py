@@ -33,7 +33,7 @@ PRESETS = {name: (a.preset, a.default_group_size) for name, a in ALGORITHMS.item
 
 
 def advantages_and_returns(name, rewards, scores, kl, values, mask, beta, ppo, group_size, kl_in_loss):
-    signals = Signals(rewards, scores, kl, values, mask, beta, kl_in_loss)
+    signals = Signals(rewards, scores, kl, values, mask, 0.0 if kl_in_loss else beta)
     return ALGORITHMS[name].advantages(signals, ppo, group_size)
 
 
@@ -95,7 +95,7 @@ def llama(tmp_path_factory):
     return tiny_model_dir("llama", tmp_path_factory.mktemp("llama"))
 
 
-@pytest.mark.parametrize("algorithm", ["reinforce", "reinforce_baseline", "rloo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["reinforce", "reinforce_baseline", "rloo", "grpo", "dr_grpo", "dapo", "gspo"])
 def test_each_online_method_raises_a_rule_reward(llama, algorithm):
     preset, k = PRESETS[algorithm]
     model, tok = load_base(llama)
@@ -110,7 +110,10 @@ def test_each_online_method_raises_a_rule_reward(llama, algorithm):
         kl_coef=0.01,
         value_lr_scale=1.0,
         group_size=k,
-        kl_in_loss=algorithm == "grpo",
+        kl_in="loss" if algorithm == "grpo" else "reward",
+        # DAPO's rollout but dynamic sampling (tested on its own: here the policy soon writes only "e"s, every
+        # group's rewards become equal, and dynamic sampling rightly stops the run)
+        **{key: v for key, v in ALGORITHMS[algorithm].rollout.items() if key not in ("kl_coef", "dynamic_sampling")},
     )
     trainer = RLHFTrainer(
         model,
@@ -374,6 +377,7 @@ def test_every_algorithm_of_the_table_has_its_command_its_comparison_row_its_doc
     cmd = COMMANDS[record.command]
     _, rl, ppo, _, _ = parse_configs(cmd.configs, [], prog=record.command, help=cmd.help, defaults=cmd.defaults)
     assert ppo == record.preset and rl.group_size == record.default_group_size
+    assert all(getattr(rl, key) == value for key, value in record.rollout.items())
     assert name in METHODS
     page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "algorithms.md").read_text()
     assert f"`rlhf-toy {record.command}`" in page and record.label in page
@@ -393,24 +397,30 @@ def test_every_algorithm_of_the_table_has_its_command_its_comparison_row_its_doc
     assert row["step"] == 1 and math.isfinite(row["objective/kl"]) and "ppo/policy_loss" in row
 
 
-@pytest.mark.parametrize("name", [n for n, a in ALGORITHMS.items() if "loss" not in a.kl_placements])
-def test_kl_in_loss_is_refused_where_it_has_no_meaning(llama, name):
-    from rlhf_toy.errors import UserError
-
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_every_algorithm_takes_its_kl_in_the_loss(llama, name, estimator):
+    """The KL's place is a setting of every online algorithm: in the loss, the rewards carry no KL and the update
+    reports a KL loss term."""
     model, tok = load_base(llama)
     record = ALGORITHMS[name]
-    cfg = RLHFConfig(batch_size=8, group_size=record.default_group_size, kl_in_loss=True)
-    with pytest.raises(UserError, match="--kl_in_loss has no meaning for " + name):
-        RLHFTrainer(
-            model,
-            lambda p, t: [0.0] * len(t),
-            tok,
-            cfg,
-            replace(record.preset, minibatch_size=8),
-            PROMPTS,
-            seed=0,
-            algorithm=name,
-        )
+    k = record.default_group_size
+    cfg = RLHFConfig(
+        batch_size=4 * k if k > 1 else 4, group_size=k, max_new_tokens=4, kl_in="loss", kl_estimator=estimator
+    )
+    trainer = RLHFTrainer(
+        model,
+        lambda p, t: [float(len(x)) for x in t],
+        tok,
+        cfg,
+        replace(record.preset, minibatch_size=4 if k == 1 else k),
+        PROMPTS,
+        seed=0,
+        algorithm=name,
+    )
+    trainer.step()  # the first update moves the policy off the reference
+    row = trainer.step()
+    assert row["ppo/kl_loss"] > 0 and math.isfinite(row["objective/kl"])
 
 
 def test_a_minibatch_that_would_split_groups_is_refused_with_the_fix(run_copy, tmp_path, capsys):
@@ -421,10 +431,11 @@ def test_a_minibatch_that_would_split_groups_is_refused_with_the_fix(run_copy, t
     assert "--minibatch_size 4" in err[0] and not (out / "grpo").exists()
 
 
-def test_the_kl_in_loss_flag_is_refused_on_the_command_line_too(run_copy, tmp_path, capsys):
+def test_the_old_kl_in_loss_flag_names_its_new_spelling(run_copy, tmp_path, capsys):
     out = run_copy
-    assert stage("rloo", out, *PPO_TINY, "--kl_in_loss") == 2
-    assert "--kl_in_loss has no meaning for rloo" in capsys.readouterr().err
+    assert stage("grpo", out, *PPO_TINY, "--kl_in_loss") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--kl_in_loss was renamed --kl_in loss" in err[0]
 
 
 def test_compare_with_several_betas_runs_one_variant_per_beta(run_copy, tmp_path):

@@ -55,7 +55,7 @@ def test_per_token_kl_estimators():
     assert per_token_kl(logp, ref, "k1").tolist() == [0.5, -1.0]
     assert (per_token_kl(logp, ref, "k3") >= 0).all()
     with pytest.raises(ValueError):
-        per_token_kl(logp, ref, "k2")
+        per_token_kl(logp, ref, "k4")
 
 
 def test_adaptive_controller_moves_beta_toward_its_target():
@@ -161,7 +161,7 @@ def test_kl_limit_stops_before_the_update_that_would_follow_and_copies_nothing(s
 
 @pytest.mark.parametrize(
     "kw,match",
-    [({"kl_coef": -0.1}, "kl_coef"), ({"kl_target": -1.0}, "kl_target"), ({"kl_estimator": "k2"}, "kl_estimator")],
+    [({"kl_coef": -0.1}, "kl_coef"), ({"kl_target": -1.0}, "kl_target"), ({"kl_estimator": "k4"}, "kl_estimator")],
 )
 def test_bad_rlhf_config(kw, match):
     with pytest.raises(UserError, match=match):

@@ -1,4 +1,4 @@
-"""KL penalty shaping and control for RLHF.
+"""Reward shaping (the KL penalty, DAPO's overlong penalty) and KL control for RLHF.
 
 Per-token reward (Ziegler et al. 2019): r_t = -beta * KL_t, plus the reward model's score at the last real
 token of the response. KL_t is k1 = log pi - log pi_ref (unbiased, can be negative) or k3 (>= 0).
@@ -11,17 +11,22 @@ from collections import deque
 import torch
 from torch import Tensor
 
-from rlhf_toy.losses import kl_k1, kl_k3
+from rlhf_toy.losses import kl_estimate
 from rlhf_toy.masks import last_real_index
 
 
 def per_token_kl(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k1") -> Tensor:
-    """`[B, R]` per-token estimate of KL(pi || pi_ref) from tokens sampled from pi."""
-    if kind == "k1":
-        return kl_k1(logprobs, ref_logprobs)
-    if kind == "k3":
-        return kl_k3(logprobs, ref_logprobs)
-    raise ValueError(f"kl estimator must be 'k1' or 'k3', not {kind!r}")
+    """`[B, R]` per-token estimate (k1, k2 or k3) of KL(pi || pi_ref) from tokens sampled from pi."""
+    return kl_estimate(logprobs, ref_logprobs, kind)
+
+
+def overlong_penalty(lengths: Tensor, limit: int, buffer: int, penalty: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment: `lengths [B]` (reply tokens) -> `[B]`, 0 up to `limit - buffer` tokens, then
+    falling linearly to `-penalty` at `limit` (and below it past the limit). `buffer` 0: no penalty."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    over = (lengths.float() - (limit - buffer)).clamp(min=0.0) / buffer
+    return -penalty * over
 
 
 def shaped_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:

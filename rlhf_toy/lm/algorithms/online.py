@@ -3,7 +3,8 @@
 They share everything up to the rewards (sampling, log-probs, the reward model, the per-token KL); a record
 says only what differs: how rewards become advantages (its `advantages` function, built on the core's
 `rlhf_toy.advantages`), which policy loss `ppo_update` applies, whether the value head is a critic, how many
-replies it samples per prompt, where its KL penalty may go, and its preset. Every command, label, comparison
+replies it samples per prompt, its preset (the update's settings) and its rollout settings (DAPO's dynamic
+sampling, say). Every command, label, comparison
 method, benchmark row and reference page is derived from this table (`rlhf-toy ppo|reinforce|...`,
 `compare --methods`, `docs/reference/algorithms.md`).
 
@@ -18,15 +19,19 @@ from another.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from rlhf_toy.advantages import discounted_returns, gae, grpo_advantages, rloo_advantages
+from rlhf_toy.advantages import discounted_returns, dr_grpo_advantages, gae, grpo_advantages, rloo_advantages
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import last_real_index
 from rlhf_toy.ppo import POLICY_LOSSES, PPOConfig
+
+if TYPE_CHECKING:
+    from .rlhf import RLHFConfig
 
 
 @dataclass(frozen=True)
@@ -36,17 +41,14 @@ class Signals:
 
     rewards: Tensor  # per token: -beta * KL, plus the reward-model score at the last real token
     scores: Tensor  # [B] reward-model scores
-    kl: Tensor  # per-token KL to the reference (0 on padding)
+    kl: Tensor  # per-token KL to the reference, the penalty's estimator (0 on padding)
     values: Tensor  # the value head's estimates (0 on padding, and 0 without a critic)
     mask: Tensor  # 1 on real response tokens
-    beta: float  # the KL coefficient of this step
-    kl_in_loss: bool  # the KL penalty is a loss term, not part of the rewards
+    beta: float  # the KL coefficient in the reward this step (0 when the KL is a loss term: --kl_in loss)
 
 
 # `(signals, ppo, group_size) -> (advantages [B, R], value targets [B, R])`
 AdvantageFn = Callable[[Signals, PPOConfig, int], tuple[Tensor, Tensor]]
-
-KL_PLACEMENTS = ("reward", "loss")  # -beta * KL in the per-token reward, or a k3 term in the loss (DeepSeekMath)
 
 
 def terminal_steps(mask: Tensor) -> Tensor:
@@ -77,19 +79,19 @@ def token_returns_minus_values(s: Signals, ppo: PPOConfig, group_size: int) -> t
 
 
 def group_baseline(core: Callable[[Tensor, int], Tensor]) -> AdvantageFn:
-    """An advantage function from a core group baseline (`rloo_advantages`, `grpo_advantages`): one sequence
-    reward per reply (the score, less beta times its KL unless the KL is in the loss), compared within its
-    group, on every token of the reply."""
+    """An advantage function from a core group baseline (`rloo_advantages`, `grpo_advantages`, ...): one sequence
+    reward per reply (the score, less beta times its KL; beta is 0 when the KL is in the loss), compared within
+    its group, on every token of the reply."""
 
     def advantages(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
-        sequence = s.scores if s.kl_in_loss else s.scores - s.beta * s.kl.sum(1)
+        sequence = s.scores - s.beta * s.kl.sum(1) if s.beta else s.scores
         return core(sequence, group_size)[:, None] * s.mask, sequence[:, None] * s.mask
 
     advantages.__name__ = advantages.__qualname__ = f"group_baseline({core.__name__})"
     return advantages
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OnlineAlgorithm:
     """One online algorithm's identity. `name` is its `--algorithm`-style key, run-directory name and
     `compare` method; its command is `name` with '-' for '_'."""
@@ -102,11 +104,16 @@ class OnlineAlgorithm:
     policy_loss: str  # `ppo_update`'s: "clipped" surrogate or plain "pg" (-log pi * A)
     uses_critic: bool  # its advantages read the value head
     default_group_size: int = 1  # replies per prompt (k); > 1: advantages compare the replies of one prompt
-    kl_placements: tuple[str, ...] = ("reward",)  # where --kl_in_loss may put the penalty; first = default
+    rollout: dict[str, Any] = field(default_factory=dict)  # RLHFConfig's defaults it changes (DAPO's sampling)
+    paper: str = ""  # where it comes from
 
     def __post_init__(self) -> None:
         assert self.policy_loss in POLICY_LOSSES, self.policy_loss
-        assert set(self.kl_placements) <= set(KL_PLACEMENTS) and self.kl_placements[0] == "reward"
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Its command's defaults: the preset's update settings, its group size and its rollout settings."""
+        return {**self.preset.to_dict(), "group_size": self.default_group_size, **self.rollout}
 
     @property
     def command(self) -> str:
@@ -120,12 +127,17 @@ class OnlineAlgorithm:
         """Whether a rollout must run the value head: for a critic's advantages, or a value loss that counts."""
         return self.uses_critic or ppo.vf_coef > 0
 
-    def check(self, group_size: int, batch_size: int, minibatch_size: int, kl_in_loss: bool) -> None:
+    def check(self, cfg: RLHFConfig, ppo: PPOConfig) -> None:
         """Refuse settings this algorithm cannot honour, with the fix, before any work."""
+        group_size, batch_size, minibatch_size = cfg.group_size, cfg.batch_size, ppo.minibatch_size
         if self.grouped and group_size < 2:
             raise UserError(
                 f"{self.name} needs at least 2 samples per prompt to compare them; pass "
                 f"--group_size {self.default_group_size}"
+            )
+        if cfg.dynamic_sampling and group_size < 2:
+            raise UserError(
+                "--dynamic_sampling drops groups of equal rewards, so it needs groups: pass --group_size 4 (or more)"
             )
         if batch_size % group_size:
             raise UserError(
@@ -137,12 +149,6 @@ class OnlineAlgorithm:
                 f"minibatch_size ({minibatch_size}) is not a multiple of group_size ({group_size}), so a "
                 f"minibatch would split a prompt's replies; pass --minibatch_size "
                 f"{max(group_size, minibatch_size // group_size * group_size)}"
-            )
-        if kl_in_loss and "loss" not in self.kl_placements:
-            able = [a.name for a in ALGORITHMS.values() if "loss" in a.kl_placements]
-            raise UserError(
-                f"--kl_in_loss has no meaning for {self.name} (its KL penalty is in the reward); drop it, "
-                f"or use {' or '.join(able)}"
             )
 
 
@@ -197,9 +203,53 @@ LM_GRPO = PPOConfig(
     minibatch_size=16,
     gamma=1.0,
     normalize_advantages=False,  # advantages are already normalized within each group
+    loss_aggregation="sequence",  # each reply's mean over its own tokens, then over replies (DeepSeekMath)
     vf_coef=0.0,  # no critic
     max_grad_norm=1.0,
 )
+LM_DR_GRPO = PPOConfig(
+    learning_rate=2e-5,
+    anneal_lr=False,
+    n_epochs=4,
+    minibatch_size=16,
+    gamma=1.0,
+    normalize_advantages=False,  # the group mean is the only centring; no std scaling
+    loss_aggregation="constant",  # sum over tokens / (replies x generation limit): no 1/|o_i| length bias
+    vf_coef=0.0,
+    max_grad_norm=1.0,
+)
+LM_DAPO = PPOConfig(
+    learning_rate=2e-5,
+    anneal_lr=False,
+    n_epochs=4,
+    minibatch_size=16,
+    gamma=1.0,
+    clip_range_high=0.28,  # clip-higher: eps_low 0.2, eps_high 0.28, against entropy collapse
+    normalize_advantages=False,  # group-normalized advantages, as GRPO; the default token-level loss
+    vf_coef=0.0,
+    max_grad_norm=1.0,
+)
+LM_GSPO = PPOConfig(
+    learning_rate=2e-5,
+    anneal_lr=False,
+    n_epochs=4,  # GSPO differs from GRPO only off-policy: several minibatches and epochs per batch
+    minibatch_size=16,
+    gamma=1.0,
+    clip_range=3e-4,  # sequence ratios move little: the paper's 3e-4 / 4e-4
+    clip_range_high=4e-4,
+    ratio_level="sequence",  # one ratio per reply, exp(mean_t log rho_t), clipped at the sequence level
+    normalize_advantages=False,
+    loss_aggregation="sequence",
+    vf_coef=0.0,
+    max_grad_norm=1.0,
+)
+# DAPO's rollout differences from RLHFConfig's defaults.
+DAPO_ROLLOUT = {
+    "dynamic_sampling": True,  # drop groups of equal rewards, draw more prompts until the batch is full
+    "overlong_buffer": 0.25,  # soft overlong punishment over the last quarter of max_new_tokens (DAPO: 4k of 20k)
+    "mask_truncated": True,  # replies cut at the limit leave the loss
+    "kl_coef": 0.0,  # DAPO drops the KL penalty
+}
 
 GROUP_SIZE = 4  # k of the grouped algorithms (`--group_size`)
 
@@ -246,14 +296,51 @@ ALGORITHMS: dict[str, OnlineAlgorithm] = {
         OnlineAlgorithm(
             "grpo",
             "GRPO",
-            "GRPO: k replies per prompt, advantages normalized in the group, clipped loss; "
-            "no critic (--kl_in_loss: k3 KL in the loss).",
+            "GRPO: k replies per prompt, advantages normalized in the group (std), clipped loss, each reply's loss "
+            "averaged over its tokens; no critic (--kl_in loss: DeepSeekMath's k3 KL in the loss).",
             LM_GRPO,
             group_baseline(grpo_advantages),
             "clipped",
             uses_critic=False,
             default_group_size=GROUP_SIZE,
-            kl_placements=("reward", "loss"),
+            paper="Shao et al. 2024, arXiv 2402.03300",
+        ),
+        OnlineAlgorithm(
+            "dr_grpo",
+            "Dr. GRPO",
+            "Dr. GRPO: GRPO without its two biases: advantages only centred in the group (no std), the loss summed "
+            "over tokens and divided by a constant (no 1/|o_i|).",
+            LM_DR_GRPO,
+            group_baseline(dr_grpo_advantages),
+            "clipped",
+            uses_critic=False,
+            default_group_size=GROUP_SIZE,
+            paper="Liu et al. 2025, arXiv 2503.20783",
+        ),
+        OnlineAlgorithm(
+            "dapo",
+            "DAPO",
+            "DAPO: GRPO's advantages with clip-higher (0.2 / 0.28), dynamic sampling, a token-level loss, overlong "
+            "reward shaping, truncated replies masked, no KL penalty.",
+            LM_DAPO,
+            group_baseline(grpo_advantages),
+            "clipped",
+            uses_critic=False,
+            default_group_size=GROUP_SIZE,
+            rollout=DAPO_ROLLOUT,
+            paper="Yu et al. 2025, arXiv 2503.14476",
+        ),
+        OnlineAlgorithm(
+            "gspo",
+            "GSPO",
+            "GSPO: GRPO's advantages with one importance ratio per reply (its tokens' mean log-ratio), clipped at "
+            "the sequence level (3e-4 / 4e-4).",
+            LM_GSPO,
+            group_baseline(grpo_advantages),
+            "clipped",
+            uses_critic=False,
+            default_group_size=GROUP_SIZE,
+            paper="Zheng et al. 2025, arXiv 2507.18071",
         ),
     )
 }

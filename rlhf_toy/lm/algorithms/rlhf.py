@@ -18,9 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlhf_toy.advantages import equal_groups
 from rlhf_toy.config import check, option
 from rlhf_toy.distributed import check_in_sync, data_parallel, gather, mean_across_ranks, rank_and_world
 from rlhf_toy.errors import UserError
+from rlhf_toy.losses import KL_ESTIMATORS
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 
@@ -31,8 +33,8 @@ from ..models.devices import autocast, model_device
 from ..models.lora import is_lora, reference_mode, trainable_parameters
 from ..models.policy import PolicyWithValueHead
 from ..models.reward_model import RewardModel
-from ..models.sampling import Samples, sample
-from .kl import AdaptiveKLController, FixedKLController, MovingAverage, per_token_kl, shaped_rewards
+from ..models.sampling import Samples, concat_samples, sample, select_samples
+from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
 
 
@@ -53,7 +55,14 @@ class RLHFConfig:
     adaptive_kl: bool = option("Adapt beta toward kl_target (Ziegler et al.).", False)
     kl_target: float = option("KL target in nats for the adaptive controller.", 6.0)
     kl_horizon: int = option("Horizon (episodes) of the adaptive controller.", 10_000)
-    kl_estimator: str = option("Per-token KL estimator: k1 or k3.", "k1")
+    kl_estimator: str = option(
+        "Per-token KL estimator of the penalty: k1, k2 or k3; auto: k1 in the reward, k3 in the loss.", "auto"
+    )
+    kl_in: str = option(
+        "Where the KL penalty goes: reward (-beta * KL in the per-token reward: PPO-RLHF) or loss (beta * KL as a "
+        "loss term: DeepSeekMath's GRPO; with k3 or k2). Logged KL is always the k1 estimate.",
+        "reward",
+    )
     kl_limit: float | None = option(
         "Stop, before updating, once the moving-average KL of the sampled policies exceeds this: the policy kept "
         "is the last one updated while the average was under it (None: never).",
@@ -70,9 +79,22 @@ class RLHFConfig:
     group_size: int = option(
         "Replies sampled per prompt (RLOO, GRPO: k >= 2); a step draws batch_size / group_size prompts.", 1
     )
-    kl_in_loss: bool = option(
-        "The KL penalty as a k3 term in the loss (DeepSeekMath) instead of in the reward; "
-        "only for algorithms that place it there (GRPO).",
+    dynamic_sampling: bool = option(
+        "DAPO's dynamic sampling: drop groups whose rewards are all equal (no signal) and draw more prompts until "
+        "the batch is full (grouped algorithms).",
+        False,
+    )
+    dynamic_sampling_rounds: int = option(
+        "Most sampling rounds per step under dynamic sampling before the run stops with an error.", 8
+    )
+    overlong_buffer: float = option(
+        "DAPO's overlong reward shaping: a penalty rising linearly from 0 to overlong_penalty over this last "
+        "share of max_new_tokens (DAPO: 4k of 20k tokens, 0.2; 0: off).",
+        0.0,
+    )
+    overlong_penalty: float = option("The overlong penalty at the generation limit.", 1.0)
+    mask_truncated: bool = option(
+        "Leave replies cut at max_new_tokens (no EOS) out of the loss (DAPO; TRL's mask_truncated_completions).",
         False,
     )
     reward_reads: str = option(
@@ -87,24 +109,44 @@ class RLHFConfig:
         check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
         check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0 (it is beta, the weight of the KL penalty)")
         check(self.kl_target > 0, "kl_target", self.kl_target, "> 0 nats, e.g. 6")
-        check(self.kl_estimator in ("k1", "k3"), "kl_estimator", self.kl_estimator, "k1 or k3")
+        check(self.kl_in in ("reward", "loss"), "kl_in", self.kl_in, "reward or loss")
+        check(self.kl_estimator in ("auto", *KL_ESTIMATORS), "kl_estimator", self.kl_estimator, "auto, k1, k2 or k3")
+        check(
+            not (self.kl_in == "loss" and self.kl_estimator == "k1"),
+            "kl_estimator",
+            self.kl_estimator,
+            "k2 or k3 with --kl_in loss (k1's gradient as a loss term is zero in expectation)",
+        )
+        check(self.dynamic_sampling_rounds >= 1, "dynamic_sampling_rounds", self.dynamic_sampling_rounds, ">= 1")
+        check(0 <= self.overlong_buffer < 1, "overlong_buffer", self.overlong_buffer, "a share in [0, 1), e.g. 0.25")
+        check(self.overlong_penalty >= 0, "overlong_penalty", self.overlong_penalty, ">= 0")
         check(self.kl_limit is None or self.kl_limit > 0, "kl_limit", self.kl_limit, "> 0 nats (or None)")
         check(self.value_lr_scale > 0, "value_lr_scale", self.value_lr_scale, "> 0, e.g. 50")
         check(self.reward_reads in ("auto", "ids", "text"), "reward_reads", self.reward_reads, "auto, ids or text")
         check(self.group_size >= 1, "group_size", self.group_size, ">= 1 (RLOO and GRPO: >= 2)")
         check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")
 
+    @property
+    def penalty_estimator(self) -> str:
+        """The KL estimator of the penalty: `kl_estimator`, or (auto) k1 in the reward and k3 in the loss."""
+        if self.kl_estimator != "auto":
+            return self.kl_estimator
+        return "k3" if self.kl_in == "loss" else "k1"
+
 
 @dataclass
 class Experience:
     """One step's rollouts: everything `ppo_update` and the logs need. Tensors are `[B, R]` unless noted."""
 
-    batch: RolloutBatch
-    scores: Tensor  # [B] reward-model scores (after any EOS penalty)
-    kl: Tensor  # [B, R] per-token KL (0 on padding)
+    batch: RolloutBatch  # its mask is the loss's (without truncated replies under `mask_truncated`)
+    scores: Tensor  # [B] reward-model scores (after any EOS or overlong penalty)
+    kl: Tensor  # [B, R] per-token k1 KL (0 on padding): what is logged
     texts: list[str]
     eos: Tensor  # [B]
     entropy: Tensor
+    prompts: list[str]  # [B] the prompts sampled (dynamic sampling draws more than one batch of them)
+    response_mask: Tensor  # [B, R] 1 on every real response token
+    sampling: dict[str, float]  # the sampling's own figures (equal groups, rounds)
 
 
 def score_responses(reward_model, tok, s: Samples) -> Tensor:
@@ -159,6 +201,30 @@ def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, tempe
     return response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)[0]
 
 
+def sample_and_score(
+    policy: PolicyWithValueHead, reward_model, tok, prompts: list[str], cfg: RLHFConfig, with_logprobs: bool
+) -> tuple[Samples, Tensor]:
+    """Sample one reply per prompt (torch's global RNG) and score it: the reward model's or the rule's score `[B]`
+    (on the policy's device), less any missing-EOS or overlong penalty."""
+    s = sample(
+        policy.lm,
+        tok,
+        prompts,
+        cfg.max_new_tokens,
+        cfg.temperature,
+        stop_at_eos=cfg.stop_at_eos,
+        with_logprobs=with_logprobs,
+    )
+    scores = score_responses(reward_model, tok, s).to(s.response_ids.device)
+    if cfg.missing_eos_penalty is not None:
+        scores = scores - cfg.missing_eos_penalty * (~s.eos).float()
+    if cfg.overlong_buffer:
+        buffer = max(1, round(cfg.overlong_buffer * cfg.max_new_tokens))
+        lengths = s.response_mask.sum(1)
+        scores = scores + overlong_penalty(lengths, cfg.max_new_tokens, buffer, cfg.overlong_penalty)
+    return s, scores
+
+
 def make_experience(
     policy: PolicyWithValueHead,
     ref_model,
@@ -170,44 +236,52 @@ def make_experience(
     ppo: PPOConfig,
     algorithm: OnlineAlgorithm,
 ) -> Experience:
-    """One batch of rollouts, on the policy's device. `ref_model=None`: the LoRA policy with adapters off.
-    `algorithm` (a record of `online.ALGORITHMS`) decides how rewards become advantages; groups are consecutive
-    prompts."""
-    # 1. Sample from the current policy (torch's global RNG). Without a critic, the sampler's own logits give the
-    #    policy's log-probs, and the forward pass of step 2 is saved.
+    """One batch of rollouts of `prompts`, on the policy's device (`ref_model=None`: the LoRA policy with adapters
+    off). Groups are consecutive prompts."""
+    # 1. Sample from the current policy. Without a critic, the sampler's own logits give the policy's log-probs,
+    #    and the forward pass of step 2 is saved. 3. Scores from the reward model or a rule on the text.
+    s, scores = sample_and_score(policy, reward_model, tok, prompts, cfg, not algorithm.needs_values(ppo))
+    return experience_from(policy, ref_model, s, scores, beta, cfg, ppo, algorithm, {})
+
+
+def experience_from(
+    policy: PolicyWithValueHead,
+    ref_model,
+    s: Samples,
+    scores: Tensor,
+    beta: float,
+    cfg: RLHFConfig,
+    ppo: PPOConfig,
+    algorithm: OnlineAlgorithm,
+    sampling: dict[str, float],
+) -> Experience:
+    """Steps 2, 4 and 5 on sampled, scored replies: log-probs, per-token rewards, the algorithm's advantages."""
     critic = algorithm.needs_values(ppo)
-    s = sample(
-        policy.lm,
-        tok,
-        prompts,
-        cfg.max_new_tokens,
-        cfg.temperature,
-        stop_at_eos=cfg.stop_at_eos,
-        with_logprobs=not critic,
-    )
     obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
     with torch.no_grad():
         # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
-        if critic:
+        if critic or s.logprobs is None:
             logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
+            values = values if critic else torch.zeros_like(mask)
         else:
             logprobs, entropy, values = s.logprobs, s.entropy, torch.zeros_like(mask)
         ref_logprobs = reference_logprobs(policy, ref_model, s, cfg.temperature)
-        # 3. Scores from the reward model (EOS-terminated input) or a rule on the text.
-        scores = score_responses(reward_model, tok, s).to(mask.device)
-        if cfg.missing_eos_penalty is not None:
-            scores = scores - cfg.missing_eos_penalty * (~s.eos).float()
-        # 4. Per-token rewards: -beta * KL, plus the score on the last real token.
-        kl = per_token_kl(logprobs, ref_logprobs, cfg.kl_estimator) * mask
-        rewards = shaped_rewards(scores, kl, mask, beta)
+        # 4. Per-token rewards: -beta * KL (the penalty's estimator; none when the KL is a loss term), plus the score
+        #    on the last real token.
+        in_reward = cfg.kl_in == "reward"
+        penalty = per_token_kl(logprobs, ref_logprobs, cfg.penalty_estimator) * mask
+        rewards = shaped_rewards(scores, penalty, mask, beta if in_reward else 0.0)
         if cfg.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
         # 5. Advantages: the algorithm's own function (GAE for PPO, group baselines for RLOO and GRPO, ...).
         values = values * mask
-        signals = Signals(rewards, scores, kl, values, mask, beta, cfg.kl_in_loss)
+        signals = Signals(rewards, scores, penalty, values, mask, beta if in_reward else 0.0)
         adv, ret = algorithm.advantages(signals, ppo, cfg.group_size)
-    batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv, ret, mask, ref_logprobs)
-    return Experience(batch, scores.float(), kl, s.texts, s.eos, entropy)
+        kl = per_token_kl(logprobs, ref_logprobs, "k1") * mask
+    # Under `mask_truncated`, replies cut at the limit teach nothing (DAPO): out of the loss, not out of the logs.
+    loss_mask = mask * s.eos[:, None].to(mask.dtype) if cfg.mask_truncated and cfg.stop_at_eos else mask
+    batch = RolloutBatch(obs, s.response_ids, logprobs, values, adv * loss_mask, ret, loss_mask, ref_logprobs)
+    return Experience(batch, scores.float(), kl, s.texts, s.eos, entropy, s.prompts, mask, sampling)
 
 
 class RLHFTrainer:
@@ -234,7 +308,7 @@ class RLHFTrainer:
         algorithm: str = "ppo",
     ) -> None:
         self.algorithm = get_algorithm(algorithm)
-        self.algorithm.check(cfg.group_size, cfg.batch_size, ppo.minibatch_size, cfg.kl_in_loss)
+        self.algorithm.check(cfg, ppo)
         if cfg.batch_size // cfg.group_size > len(prompts):
             raise UserError(
                 f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "
@@ -295,15 +369,49 @@ class RLHFTrainer:
         with autocast(self.device):  # bf16 on a GPU that has it; nothing on the CPU
             return self._step()
 
+    def rollouts(self, beta: float) -> Experience:
+        """This step's experience: one batch of prompts; under dynamic sampling (DAPO), rounds of batches whose
+        groups of all-equal rewards are dropped, until `batch_size` replies are kept (the first ones, in order)."""
+        cfg, k = self.cfg, self.cfg.group_size
+        with_logprobs = not self.algorithm.needs_values(self.ppo)
+        parts: list[tuple[Samples, Tensor]] = []
+        kept = groups = equal = rounds = 0
+        for _ in range(cfg.dynamic_sampling_rounds):
+            rounds += 1
+            s, scores = sample_and_score(
+                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, with_logprobs
+            )
+            flat = equal_groups(scores.cpu(), k) if k > 1 else torch.zeros(len(scores), dtype=torch.bool)
+            groups, equal = groups + len(flat), equal + int(flat.sum())
+            if not cfg.dynamic_sampling:
+                parts.append((s, scores))
+                break
+            rows = [g * k + j for g in (~flat).nonzero().flatten().tolist() for j in range(k)]
+            rows = rows[: cfg.batch_size - kept]
+            if rows:
+                parts.append((select_samples(s, rows), scores[rows]))
+                kept += len(rows)
+            if kept == cfg.batch_size:
+                break
+        else:
+            raise UserError(
+                f"step {self.step_count + 1}: dynamic sampling kept {kept // k} of {cfg.batch_size // k} groups in "
+                f"{cfg.dynamic_sampling_rounds} rounds: every other group's rewards were all equal (the task is too "
+                "easy or too hard for this policy); raise --dynamic_sampling_rounds or --group_size, or drop "
+                "--dynamic_sampling"
+            )
+        s = concat_samples([p[0] for p in parts], self.tok.pad_token_id)
+        scores = torch.cat([p[1] for p in parts])
+        sampling = {"equal_groups": equal / groups, "rounds": float(rounds)} if k > 1 else {}
+        return experience_from(self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling)
+
     def _step(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        prompts = self.next_prompts()
         beta = self.kl_ctl.beta
-        exp = make_experience(
-            self.policy, self.ref_model, self.reward_model, self.tok, prompts, beta, self.cfg, self.ppo, self.algorithm
-        )
+        exp = self.rollouts(beta)
+        prompts = exp.prompts
         t_rollout = time.perf_counter() - t0
-        mask = exp.batch.mask
+        mask = exp.response_mask
         seq_kl = exp.kl.sum(1)
         # --kl_limit decides before the update: once the sampled policies' moving-average KL is over the limit,
         # this step's update is not applied, so the policy kept is the last one updated under it (nothing copied).
@@ -313,7 +421,7 @@ class RLHFTrainer:
         self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
         self.step_count += 1
         # Namespaced as CleanRL's and TRL's logs: objective/ (what is optimized), policy/ (what the policy does),
-        # ppo/ (the update's diagnostics), time/.
+        # ppo/ (the update's diagnostics), sampling/ (grouped algorithms: groups of equal rewards), time/.
         metrics = {
             "step": self.step_count,
             "objective/score": exp.scores.mean().item(),
@@ -324,6 +432,7 @@ class RLHFTrainer:
             "policy/response_length": mask.sum(1).mean().item(),
             "policy/eos_rate": exp.eos.float().mean().item(),
             **{f"ppo/{k}": v for k, v in stats.items()},
+            **{f"sampling/{k}": v for k, v in exp.sampling.items()},
             "time/rollout_s": t_rollout,
             "time/step_s": time.perf_counter() - t0,
         }
@@ -348,8 +457,10 @@ class RLHFTrainer:
                 generator=self.update_generator,
                 lr_scales=self.lr_scales,
                 policy_loss=self.algorithm.policy_loss,
-                kl_loss_coef=beta if self.cfg.kl_in_loss else 0.0,
+                kl_loss_coef=beta if self.cfg.kl_in == "loss" else 0.0,
                 group_size=self.cfg.group_size,
+                kl_estimator=self.cfg.penalty_estimator,
+                length=self.cfg.max_new_tokens,
             )
         except NonFiniteUpdate as exc:
             raise UserError(

@@ -114,6 +114,45 @@ def sample(
     return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts, logprobs, entropy)
 
 
+def select_samples(s: Samples, idx: list[int]) -> Samples:
+    """The rows `idx` of `s` (kept in that order)."""
+    i = torch.tensor(idx, dtype=torch.long, device=s.response_ids.device)
+    pick = lambda x: None if x is None else x[i]  # noqa: E731
+    return Samples(
+        [s.prompts[j] for j in idx],
+        s.prompt_ids[i],
+        s.prompt_mask[i],
+        s.response_ids[i],
+        s.response_mask[i],
+        s.eos[i],
+        [s.texts[j] for j in idx],
+        pick(s.logprobs),
+        pick(s.entropy),
+    )
+
+
+def concat_samples(parts: list[Samples], pad_id: int) -> Samples:
+    """Several `Samples` as one: prompts left-padded and replies right-padded to the widest (positions come from
+    the masks, so the extra padding changes no log-prob)."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    R = max(p.response_ids.shape[1] for p in parts)
+    cat = lambda xs, width, value, side: torch.cat([widen(x, width, value, side) for x in xs])  # noqa: E731
+    with_logprobs = all(p.logprobs is not None for p in parts)
+    return Samples(
+        [x for p in parts for x in p.prompts],
+        cat([p.prompt_ids for p in parts], P, pad_id, "left"),
+        cat([p.prompt_mask for p in parts], P, 0, "left"),
+        cat([p.response_ids for p in parts], R, pad_id, "right"),
+        cat([p.response_mask for p in parts], R, 0, "right"),
+        torch.cat([p.eos for p in parts]),
+        [x for p in parts for x in p.texts],
+        cat([p.logprobs for p in parts], R, 0, "right") if with_logprobs else None,
+        cat([p.entropy for p in parts], R, 0, "right") if with_logprobs else None,
+    )
+
+
 def decode_responses(tok, response_ids: Tensor, response_mask: Tensor) -> list[str]:
     out = []
     for ids, m in zip(response_ids.tolist(), response_mask.tolist()):

@@ -83,7 +83,8 @@ def ours(
         stop_at_eos=False,
         kl_coef=0.05,
         group_size=alg.default_group_size,
-        kl_in_loss="loss" in alg.kl_placements,
+        # As TRL's trainers: GRPOTrainer puts beta x k3 in the loss, RLOO and PPO keep the KL in the reward.
+        kl_in="loss" if alg.grouped and alg.policy_loss == "clipped" else "reward",
     )
     if algorithm == "ppo":  # one minibatch of the whole batch, at the TRL runner's learning rate
         preset = lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6)

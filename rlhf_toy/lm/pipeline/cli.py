@@ -131,13 +131,13 @@ def _sample(cfg: SampleConfig) -> int:
 
 
 def online(algorithm: OnlineAlgorithm) -> Command:
-    """The command of one online algorithm: the PPO stage's flags, with the algorithm's preset and group size
-    as defaults."""
+    """The command of one online algorithm: the PPO stage's flags, with the algorithm's preset, group size and
+    rollout settings as defaults."""
     return Command(
         f"Stage 5 ({algorithm.name}): {algorithm.summary}",
         (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
         lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo, algorithm.name)),
-        defaults={**algorithm.preset.to_dict(), "group_size": algorithm.default_group_size},
+        defaults=algorithm.defaults,
     )
 
 
@@ -194,7 +194,11 @@ COMMANDS = {
 
 
 # Flags and commands renamed since an earlier release: the old spelling gets a one-line error naming the new one.
-RENAMED_FLAGS = {"--ppo_dir": "--policy_dir", "--dpo_dir": "--policy_dir"}
+RENAMED_FLAGS = {  # old flag -> (new spelling, why)
+    "--ppo_dir": ("--policy_dir", "the directory holds any algorithm's run"),
+    "--dpo_dir": ("--policy_dir", "the directory holds any algorithm's run"),
+    "--kl_in_loss": ("--kl_in loss", "every online algorithm may put its KL in the loss, with k3 or k2"),
+}
 RENAMED_COMMANDS = {"overopt": "compare --methods ppo --seeds 0 --kl_coef 0,0.03,0.1 --name overoptimization"}
 
 
@@ -207,10 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     for arg in argv:
         old = arg.split("=", 1)[0]
         if old in RENAMED_FLAGS:
-            raise UserError(
-                f"{old} was renamed {RENAMED_FLAGS[old]} (the directory holds any algorithm's run); "
-                f"pass {RENAMED_FLAGS[old]} instead"
-            )
+            new, why = RENAMED_FLAGS[old]
+            raise UserError(f"{old} was renamed {new} ({why}); pass {new} instead")
     return dispatch("rlhf-toy", COMMANDS, argv)
 
 

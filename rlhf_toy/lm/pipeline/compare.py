@@ -169,11 +169,14 @@ def online_settings(method: str, beta: float | None, cfg: CompareConfig) -> tupl
     algorithm = ALGORITHMS[method]
     kl = {} if beta is None else {"kl_coef": beta}
     rl = RLHFConfig(
-        steps=cfg.episodes // cfg.batch_size,
-        batch_size=cfg.batch_size,
-        group_size=algorithm.default_group_size,
-        save_every=0,
-        **kl,
+        **{
+            **algorithm.rollout,
+            "steps": cfg.episodes // cfg.batch_size,
+            "batch_size": cfg.batch_size,
+            "group_size": algorithm.default_group_size,
+            "save_every": 0,
+            **kl,
+        }
     )
     preset = algorithm.preset  # a batch smaller than the preset's minibatch is one minibatch
     return rl, replace(preset, minibatch_size=cfg.minibatch_size or min(preset.minibatch_size, cfg.batch_size))

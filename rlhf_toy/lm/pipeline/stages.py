@@ -337,7 +337,7 @@ def stage_ppo(
     run_dir/ALGORITHM)."""
     task = run.start()
     rd = run.dir
-    get_algorithm(algorithm).check(cfg.group_size, cfg.batch_size, ppo.minibatch_size, cfg.kl_in_loss)
+    get_algorithm(algorithm).check(cfg, ppo)
     lora = lora_settings(lora)
     device = run.torch_device
     out = rd.policy_dir(resume.policy_dir or algorithm)
