@@ -95,7 +95,7 @@ def trl_loss(tmp: str, settings: dict, logps, old, ref, adv, mask):
         max_completion_length=MAX_LEN,
         report_to="none",
         use_cpu=True,
-        use_bias_correction_kl=False,  # DeepSeekMath's k3 term, as rlhf-toy (TRL 1.16's default weights it by the ratio)
+        use_bias_correction_kl=False,  # DeepSeekMath's k3 term, as rlhf-toy (TRL 1.16's default weights it)
         **settings,
     )
     trainer = trl.GRPOTrainer(
