@@ -2,7 +2,8 @@
 """Episodes per second: rlhf-toy against TRL, same model sizes, batch 64, response length 24, one torch thread,
 alternated in one session. PPO (4 epochs of one minibatch) against TRL's PPO trainer (trl 1.12, the last release
 that has it; as shipped, and with its gc.collect() calls skipped); RLOO / GRPO (16 prompts x 4 replies,
-minibatches of 16, 1 / 4 epochs) against the newest trl's RLOOTrainer / GRPOTrainer.
+minibatches of 16, 1 / 4 epochs) against the newest trl's RLOOTrainer / GRPOTrainer; Dr. GRPO, DAPO and GSPO
+against GRPOTrainer with the matching loss_type / epsilon_high / importance_sampling_level.
 
     python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 && \\
         .venv-trl/bin/pip install trl==1.12.0 transformers datasets accelerate
@@ -12,6 +13,7 @@ minibatches of 16, 1 / 4 epochs) against the newest trl's RLOOTrainer / GRPOTrai
         .venv-trl-new/bin/pip install trl==1.16.0 transformers datasets accelerate "torch<2.14"
     python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm rloo --repeats 3
     python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm grpo --repeats 3
+    python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm dapo --sizes 4x128
 
 `--model` runs both on a pretrained model instead (a directory, a .gguf file or smollm2, converted once into
 runs/bench_base): full-weight PPO on both sides, reward (and TRL's value) model = its trunk with a new head.

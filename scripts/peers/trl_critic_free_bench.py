@@ -60,6 +60,11 @@ def parse_args():
     p.add_argument("--beta", type=float, default=0.05)
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--model-dir", default=None, help="a pretrained causal LM directory (model + tokenizer)")
+    # The GRPO family (GRPOTrainer only): rlhf-toy's grpo / dr_grpo / dapo / gspo map to these.
+    p.add_argument("--loss-type", default=None, help="GRPOConfig.loss_type (default: TRL's own)")
+    p.add_argument("--importance-sampling-level", default=None, help="token or sequence (GSPO)")
+    p.add_argument("--epsilon", type=float, default=None, help="GRPOConfig.epsilon (eps_low)")
+    p.add_argument("--epsilon-high", type=float, default=None, help="GRPOConfig.epsilon_high (DAPO's clip-higher)")
     a = p.parse_args()
     if a.epochs is None:
         a.epochs = 1 if a.trainer == "rloo" else 4
@@ -154,7 +159,14 @@ def main():
         if a.trainer == "rloo":
             cfg, cls = trl.RLOOConfig(**common), trl.RLOOTrainer
         else:
-            cfg, cls = trl.GRPOConfig(**common), trl.GRPOTrainer
+            family = {
+                "loss_type": a.loss_type,
+                "importance_sampling_level": a.importance_sampling_level,
+                "epsilon": a.epsilon,
+                "epsilon_high": a.epsilon_high,
+            }
+            cfg = trl.GRPOConfig(**common, **{k: v for k, v in family.items() if v is not None})
+            cls = trl.GRPOTrainer
         trainer = cls(
             model=policy,
             reward_funcs=reward,
@@ -182,6 +194,8 @@ def main():
             {
                 "trl_version": trl.__version__,
                 "trainer": a.trainer,
+                "loss_type": getattr(cfg, "loss_type", None),
+                "importance_sampling_level": getattr(cfg, "importance_sampling_level", None),
                 "episodes": episodes,
                 "batch_size": a.batch_size,
                 "group_size": a.group_size,

@@ -97,6 +97,13 @@ class RLHFConfig:
         "Leave replies cut at max_new_tokens (no EOS) out of the loss (DAPO; TRL's mask_truncated_completions).",
         False,
     )
+    eval_every: int = option(
+        "Every this many steps, the greedy replies to eval_prompts held-out prompts are judged: their mean gold "
+        "(a checkable task's held-out accuracy) is logged as eval/greedy_gold, beside the episodes and the "
+        "training seconds so far (0: never).",
+        0,
+    )
+    eval_prompts: int = option("Held-out prompts of that evaluation.", 200)
     reward_reads: str = option(
         "How the reward model reads replies: auto (token ids when it shares the policy's "
         "tokenizer, else text), ids, or text.",
@@ -125,6 +132,8 @@ class RLHFConfig:
         check(self.reward_reads in ("auto", "ids", "text"), "reward_reads", self.reward_reads, "auto, ids or text")
         check(self.group_size >= 1, "group_size", self.group_size, ">= 1 (RLOO and GRPO: >= 2)")
         check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")
+        check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0 (0: never)")
+        check(self.eval_prompts >= 1, "eval_prompts", self.eval_prompts, ">= 1")
 
     @property
     def penalty_estimator(self) -> str:
@@ -371,11 +380,15 @@ class RLHFTrainer:
 
     def rollouts(self, beta: float) -> Experience:
         """This step's experience: one batch of prompts; under dynamic sampling (DAPO), rounds of batches whose
-        groups of all-equal rewards are dropped, until `batch_size` replies are kept (the first ones, in order)."""
+        groups of all-equal rewards are dropped, until `batch_size` replies are kept (the first ones, in order).
+        After `dynamic_sampling_rounds` rounds a batch that kept some groups is filled with dropped ones (their
+        advantages are zero: they add no gradient; `sampling/filled_groups` counts them); one that kept none stops
+        the run with an error (no endless loop)."""
         cfg, k = self.cfg, self.cfg.group_size
         with_logprobs = not self.algorithm.needs_values(self.ppo)
         parts: list[tuple[Samples, Tensor]] = []
-        kept = groups = equal = rounds = 0
+        dropped: list[tuple[Samples, Tensor]] = []  # equal groups, to fill a batch the rounds could not
+        kept = groups = equal = rounds = filled = 0
         for _ in range(cfg.dynamic_sampling_rounds):
             rounds += 1
             s, scores = sample_and_score(
@@ -393,16 +406,27 @@ class RLHFTrainer:
                 kept += len(rows)
             if kept == cfg.batch_size:
                 break
+            spare = [g * k + j for g in flat.nonzero().flatten().tolist() for j in range(k)]
+            if spare:
+                dropped.append((select_samples(s, spare), scores[spare]))
         else:
-            raise UserError(
-                f"step {self.step_count + 1}: dynamic sampling kept {kept // k} of {cfg.batch_size // k} groups in "
-                f"{cfg.dynamic_sampling_rounds} rounds: every other group's rewards were all equal (the task is too "
-                "easy or too hard for this policy); raise --dynamic_sampling_rounds or --group_size, or drop "
-                "--dynamic_sampling"
-            )
+            if kept == 0:
+                raise UserError(
+                    f"step {self.step_count + 1}: dynamic sampling kept 0 of {cfg.batch_size // k} groups in "
+                    f"{cfg.dynamic_sampling_rounds} rounds: every group's rewards were all equal (the task is too "
+                    "easy or too hard for this policy); raise --dynamic_sampling_rounds or --group_size, or drop "
+                    "--dynamic_sampling"
+                )
+            pool = concat_samples([d[0] for d in dropped], self.tok.pad_token_id)
+            pool_scores = torch.cat([d[1] for d in dropped])
+            rows = list(range(cfg.batch_size - kept))  # every round drew a full batch: enough dropped replies
+            parts.append((select_samples(pool, rows), pool_scores[rows]))
+            filled = len(rows) // k
         s = concat_samples([p[0] for p in parts], self.tok.pad_token_id)
         scores = torch.cat([p[1] for p in parts])
         sampling = {"equal_groups": equal / groups, "rounds": float(rounds)} if k > 1 else {}
+        if cfg.dynamic_sampling:
+            sampling["filled_groups"] = float(filled)
         return experience_from(self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling)
 
     def _step(self) -> dict[str, float]:

@@ -5,15 +5,17 @@
   device, is friendly and concise (`helpdesk_chat_judge`).
 - `chatterbot`: the English conversations shipped by the PyPI package `chatterbot-corpus`, as consecutive
   (prompt, response) pairs; gold = VADER compound of the reply.
+- `arithmetic`, `countdown`: checkable problems (`checkable.py`): the reward is a program (correctness plus a
+  little for the format), the gold is correctness.
 - files: your own prompts / SFT pairs (JSONL, CSV, parquet through `datasets`; columns `prompt` and
   `response`, or TRL's `prompt`/`chosen`/`rejected`) and a gold judge `module:function` taking `text` or
-  `(prompt, response)` and returning a number.
+  `(prompt, response)` and returning a number. With `--reward_fn` a prompt file needs no response column; its
+  other columns reach the reward functions as keyword lists (TRL's convention).
 """
 
 from __future__ import annotations
 
 import codecs
-import importlib
 import inspect
 import math
 import random
@@ -26,6 +28,8 @@ from typing import Any
 from rlhf_toy.errors import UserError
 
 from . import helpdesk
+from .checkable import CHECKERS, REWARDS, CheckableSettings, problems
+from .rewards import RewardFn, RewardFunctions, import_callable, load_reward_functions, parse_weights, reward_functions
 
 Judge = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> gold scores
 
@@ -41,6 +45,8 @@ class Task:
     has_topic: bool = False  # whether on-topic rate means something for this task
     topic_rule: Callable[[str, str], bool] | None = None  # (prompt, response) -> on topic; None: `on_topic`
     entropy_floor_nats: float | None = None  # H(response | prompt) per response, if known
+    reward: RewardFunctions | None = None  # a program reward (checkable tasks, --reward_fn): no reward model
+    checkable: bool = False  # the gold judge marks replies right (1) or wrong (0): accuracy metrics apply
 
     def is_on_topic(self, prompt: str, response: str) -> bool:
         return (self.topic_rule or on_topic)(prompt, response)
@@ -142,21 +148,8 @@ def chatterbot_task(seed: int = 0, eval_fraction: float = 0.1) -> Task:
 
 def load_judge(spec: str) -> Judge:
     """`module:function` -> a batch judge. The function takes `text` or `(prompt, response)` -> float."""
-    if ":" not in spec:
-        raise UserError(f"judge '{spec}' must look like module:function (e.g. mypkg.scores:politeness)")
-    mod_name, fn_name = spec.split(":", 1)
-    try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(
-            f"cannot import judge '{spec}' ({type(exc).__name__}: {exc}); check the module is on "
-            "PYTHONPATH and the function name"
-        ) from exc
-    if not callable(fn):
-        raise UserError(
-            f"judge '{spec}' is a {type(fn).__name__}, not a function; name a function that takes "
-            "text or (prompt, response) and returns a number"
-        )
+    takes = "; name a function that takes text or (prompt, response) and returns a number"
+    fn = import_callable(spec, "judge", "mypkg.scores:politeness", takes)
     pair = _judge_arity(fn, spec) == 2
 
     def judge(prompts: list[str], responses: list[str]) -> list[float]:
@@ -202,20 +195,31 @@ def _judge_arity(fn: Callable[..., Any], spec: str) -> int:
 Pairs = list[tuple[str, str]]
 
 
-def load_pairs(path: str, eval_fraction: float = 0.1, seed: int = 0) -> tuple[Pairs, Pairs]:
-    """(prompt, response) pairs from a JSONL/CSV/parquet file: `prompt` + `response`, or `prompt` + `chosen`."""
+def load_pairs(
+    path: str, eval_fraction: float = 0.1, seed: int = 0, prompts_only: bool = False
+) -> tuple[Pairs, Pairs, dict[str, dict[str, Any]]]:
+    """(prompt, response) pairs from a JSONL/CSV/parquet file (`prompt` + `response`, or `prompt` + `chosen`), split
+    into train and held-out by prompt, and each prompt's other columns. `prompts_only` (a reward program needs no
+    replies): a file without a response column gives empty responses."""
     ds = load_table(path)
     cols = set(ds.column_names)
     resp_col = "response" if "response" in cols else "chosen" if "chosen" in cols else None
-    if "prompt" not in cols or resp_col is None:
+    if "prompt" not in cols or (resp_col is None and not prompts_only):
         raise UserError(f"{path} needs a 'prompt' column and a 'response' (or 'chosen') column; it has {sorted(cols)}")
-    pairs = [(str(p), str(r)) for p, r in zip(ds["prompt"], ds[resp_col]) if p and r]
+    others = [c for c in ds.column_names if c not in ("prompt", resp_col)]
+    responses = ds[resp_col] if resp_col else [""] * len(ds)
+    pairs: Pairs = []
+    columns: dict[str, dict[str, Any]] = {}
+    for i, (p, r) in enumerate(zip(ds["prompt"], responses)):
+        if p and (r or resp_col is None):
+            pairs.append((str(p), str(r)))
+            columns.setdefault(str(p), {c: ds[i][c] for c in others})
     if not pairs:
         raise UserError(f"{path} holds no non-empty (prompt, response) rows")
     prompts = sorted(set(p for p, _ in pairs))
     random.Random(seed).shuffle(prompts)
     held = set(prompts[: max(1, int(len(prompts) * eval_fraction))]) if len(prompts) > 1 else set()
-    return [x for x in pairs if x[0] not in held], [x for x in pairs if x[0] in held] or pairs[:1]
+    return [x for x in pairs if x[0] not in held], [x for x in pairs if x[0] in held] or pairs[:1], columns
 
 
 def check_utf8(path: Path) -> None:
@@ -261,12 +265,43 @@ def load_table(path: str):
     return ds
 
 
-def get_task(name: str, data: str | None = None, judge: str | None = None, seed: int = 0) -> Task:
-    """The task by name (`helpdesk`, `chatterbot`) or, with `data`, your own pairs (and `judge`)."""
+def checkable_task(name: str, settings: CheckableSettings, seed: int) -> Task:
+    """A checkable task: generated problems, the default reward functions (`checkable.REWARDS`) and correctness as
+    the gold judge."""
+    train, held = problems(name, settings, seed)
+    columns = {p.prompt: p.columns for p in train + held}
+    fns: list[RewardFn] = [fn for fn, _ in REWARDS[name]]
+    weights = [w for _, w in REWARDS[name]]
+    reward = reward_functions(fns, weights, columns, [(train[0].prompt, train[0].solution)])
+    checker: RewardFn = CHECKERS[name]
+
+    def judge(prompts: list[str], responses: list[str]) -> list[float]:
+        return list(checker(prompts, responses, **reward.keyword_columns(prompts)))
+
+    pairs = lambda ps: [(p.prompt, p.solution) for p in ps]  # noqa: E731
+    return Task(name, pairs(train), pairs(held), judge, reward=reward, checkable=True)
+
+
+TASKS = ("helpdesk", "helpdesk-chat", "chatterbot", "arithmetic", "countdown")
+
+
+def get_task(
+    name: str,
+    data: str | None = None,
+    judge: str | None = None,
+    seed: int = 0,
+    reward_fn: str | None = None,
+    reward_weights: str | None = None,
+    checkable: CheckableSettings | None = None,
+) -> Task:
+    """The task by name (`TASKS`) or, with `data`, your own pairs (and `judge`); `reward_fn` (TRL-style functions,
+    `rewards.py`) makes the reward a program instead of a reward model."""
+    if reward_weights and not reward_fn and name not in REWARDS:
+        raise UserError("--reward_weights weighs --reward_fn functions; pass --reward_fn too")
     if data is not None:
-        train, evals = load_pairs(data, seed=seed)
-        return Task(Path(data).stem, train, evals, load_judge(judge) if judge else vader_judge())
-    if name == "helpdesk":
+        train, evals, columns = load_pairs(data, seed=seed, prompts_only=reward_fn is not None)
+        task = Task(Path(data).stem, train, evals, load_judge(judge) if judge else vader_judge())
+    elif name == "helpdesk":
         task = helpdesk_task(seed=seed)
     elif name == "helpdesk-chat":  # the help-desk prompts, judged as a real chat model's replies
         task = helpdesk_task(seed=seed)
@@ -274,8 +309,21 @@ def get_task(name: str, data: str | None = None, judge: str | None = None, seed:
         task.topic_rule = names_topic
     elif name == "chatterbot":
         task = chatterbot_task(seed=seed)
+    elif name in REWARDS:
+        task = checkable_task(name, checkable or CheckableSettings(), seed)
     else:
-        raise UserError(f"unknown task '{name}'; choose helpdesk, helpdesk-chat or chatterbot, or pass --data FILE")
-    if judge:
+        raise UserError(f"unknown task '{name}'; choose {', '.join(TASKS)}, or pass --data FILE")
+    if judge and data is None:
         task.judge = load_judge(judge)
+    if reward_fn:
+        if task.reward is not None:  # a checkable task's columns (answer; numbers, target)
+            columns = task.reward.columns
+        elif data is None:  # a built-in task without columns
+            columns = {p: {} for p, _ in task.train + task.eval}
+        probe = task.train[:2]
+        task.reward = load_reward_functions(reward_fn, reward_weights, columns, probe)
+        if data is not None and not judge:  # the program is the only judge there is
+            task.judge = task.reward
+    elif reward_weights and task.reward is not None:
+        task.reward.weights = parse_weights(reward_weights, len(task.reward.fns))
     return task

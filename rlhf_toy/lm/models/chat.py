@@ -35,13 +35,21 @@ def prompt_text(prompt: str) -> str:
     return f"{USER}{prompt}{BOT}"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike[str] | None = None):
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike[str] | None = None, split_digits: bool = False
+):
     """Byte-level BPE trained on `texts` (prompts and responses), wrapped as a `PreTrainedTokenizerFast`.
 
-    Byte-level means any text can be encoded (no unknown tokens), and decoding restores it exactly.
+    Byte-level means any text can be encoded (no unknown tokens), and decoding restores it exactly. `split_digits`
+    keeps every digit its own token (as Llama's and Qwen's tokenizers do): arithmetic then works digit by digit
+    instead of on merged number tokens.
     """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -57,8 +57,11 @@ def sample(
     batch_size: int = 256,
     stop_at_eos: bool = True,
     with_logprobs: bool = False,
+    greedy: bool = False,
 ) -> Samples:
     """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats.
+
+    `greedy`: the most likely token at every step (no sampling; `temperature` then only scales the log-probs).
 
     `stop_at_eos=False` generates exactly `max_new_tokens` tokens and counts them all as real (throughput
     benchmarks), without changing the sampling distribution. `with_logprobs` also returns the sampled tokens'
@@ -76,13 +79,12 @@ def sample(
             chunk = prompts[start : start + batch_size]
             ids, mask = pad_sequences(encode_prompts(tok, chunk), tok.pad_token_id, "left")
             ids, mask = ids.to(device), mask.to(device)
+            how = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
                 top_p=1.0,
+                **how,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=tok.pad_token_id,
                 eos_token_id=tok.eos_token_id if stop_at_eos else None,

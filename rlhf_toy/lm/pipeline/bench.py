@@ -32,7 +32,27 @@ from ..models.chat import train_tokenizer
 from .run import quiet_libraries
 
 # The TRL runner of each algorithm that TRL has (file names in the peers folder the caller passes).
-TRL_RUNNERS = {"ppo": "trl_ppo_bench.py", "rloo": "trl_critic_free_bench.py", "grpo": "trl_critic_free_bench.py"}
+TRL_RUNNERS = {
+    "ppo": "trl_ppo_bench.py",
+    "rloo": "trl_critic_free_bench.py",
+    **{name: "trl_critic_free_bench.py" for name in ("grpo", "dr_grpo", "dapo", "gspo")},
+}
+# The GRPO family's settings on TRL's GRPOTrainer (as scripts/peers/trl_grpo_loss_check.py matches the losses).
+TRL_GRPO_FAMILY = {
+    "grpo": ["--loss-type", "grpo"],
+    "dr_grpo": ["--loss-type", "dr_grpo"],
+    "dapo": ["--loss-type", "dapo", "--epsilon-high", "0.28"],
+    "gspo": [
+        "--loss-type",
+        "grpo",
+        "--importance-sampling-level",
+        "sequence",
+        "--epsilon",
+        "3e-4",
+        "--epsilon-high",
+        "4e-4",
+    ],
+}
 
 
 def ours(
@@ -155,7 +175,8 @@ def trl(
             python,
             str(runner),
             "--trainer",
-            algorithm,
+            "rloo" if algorithm == "rloo" else "grpo",
+            *TRL_GRPO_FAMILY.get(algorithm, []),
             "--prompts-file",
             str(prompts_file()),
             "--group-size",

@@ -30,8 +30,9 @@ from ..algorithms.dpo import DPOConfig
 from ..algorithms.online import ALGORITHMS, OFFLINE_LABELS
 from ..algorithms.rlhf import RLHFConfig
 from .evaluate import evaluate_best_of_n, evaluate_policy, standard_error
+from .reasoning import plot_accuracy, summarize_checkable
 from .run import RunConfig, writes_run_dir
-from .stages import DPODirConfig, ResumeConfig, stage_dpo, stage_ppo
+from .stages import DPODirConfig, ResumeConfig, stage_dpo, stage_ppo, task_reward
 
 METHODS = (*ALGORITHMS, *OFFLINE_LABELS)  # every online algorithm of the table, then DPO
 LARGEST_GROUP = max(a.default_group_size for a in ALGORITHMS.values())  # a batch must hold whole groups of it
@@ -56,6 +57,13 @@ class CompareConfig:
     )
     minibatch_size: int | None = option(
         "Sequences per gradient step of every online method (None: each preset's, at most batch_size).", None
+    )
+    learning_rate: float | None = option("Learning rate of every online method (None: each preset's).", None)
+    max_new_tokens: int | None = option("Longest reply of every method and evaluation (None: RLHFConfig's).", None)
+    eval_every: int = option(
+        "Checkable tasks: held-out greedy accuracy every this many steps of each online run (its curve against "
+        "episodes and wall time; 0: only at the end).",
+        10,
     )
     name: str = option(
         "Name of this comparison: its outputs are run_dir/NAME.md, .json, .png and its runs "
@@ -92,6 +100,9 @@ class CompareConfig:
         check(self.eval_prompts >= 2, "eval_prompts", self.eval_prompts, ">= 2")
         self.betas = parse_list("kl_coef", self.kl_coef, float, "numbers >= 0") if self.kl_coef.strip() else [None]
         check(all(b is None or b >= 0 for b in self.betas), "kl_coef", self.kl_coef, "numbers >= 0, e.g. 0.1")
+        check(self.learning_rate is None or self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0")
+        check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
+        check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0 (0: only at the end)")
         check(
             self.minibatch_size is None or 1 <= self.minibatch_size <= self.batch_size,
             "minibatch_size",
@@ -164,22 +175,32 @@ def variants(cfg: CompareConfig) -> list[tuple[str, str, float | None]]:
     return out
 
 
-def online_settings(method: str, beta: float | None, cfg: CompareConfig) -> tuple[RLHFConfig, Any]:
-    """The matched budget for one online run: the method's own preset and group size, `cfg`'s batch and beta."""
+def online_settings(
+    method: str, beta: float | None, cfg: CompareConfig, checkable: bool = False
+) -> tuple[RLHFConfig, Any]:
+    """The matched budget for one online run: the method's own preset and group size, `cfg`'s batch and beta (and
+    on a checkable task, the held-out accuracy every `eval_every` steps)."""
     algorithm = ALGORITHMS[method]
     kl = {} if beta is None else {"kl_coef": beta}
+    tokens = {} if cfg.max_new_tokens is None else {"max_new_tokens": cfg.max_new_tokens}
+    steps = cfg.episodes // cfg.batch_size
+    evals = {"eval_every": cfg.eval_every or steps, "eval_prompts": cfg.eval_prompts} if checkable else {}
     rl = RLHFConfig(
         **{
             **algorithm.rollout,
-            "steps": cfg.episodes // cfg.batch_size,
+            "steps": steps,
             "batch_size": cfg.batch_size,
             "group_size": algorithm.default_group_size,
             "save_every": 0,
             **kl,
+            **tokens,
+            **evals,
         }
     )
     preset = algorithm.preset  # a batch smaller than the preset's minibatch is one minibatch
-    return rl, replace(preset, minibatch_size=cfg.minibatch_size or min(preset.minibatch_size, cfg.batch_size))
+    lr = {} if cfg.learning_rate is None else {"learning_rate": cfg.learning_rate}
+    minibatch = cfg.minibatch_size or min(preset.minibatch_size, cfg.batch_size)
+    return rl, replace(preset, minibatch_size=minibatch, **lr)
 
 
 @writes_run_dir
@@ -188,13 +209,21 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
     rd = run.dir
     device = run.torch_device
     sft, tok = rd.load_sft(device)
-    rm = rd.load_reward_model(tok, device=device)
+    rm = task_reward(run, task, tok, device)
     prompts = task.eval_prompts[: cfg.eval_prompts]
     sampling = RLHFConfig()  # every evaluation samples as the online methods do by default
-    temperature, tokens = sampling.temperature, sampling.max_new_tokens
+    temperature, tokens = sampling.temperature, cfg.max_new_tokens or sampling.max_new_tokens
     sft_row = evaluate_policy("SFT", sft, sft, rm, tok, task, prompts, temperature, tokens, run.seed)
-    bon = evaluate_best_of_n(sft, rm, tok, task, prompts, cfg.best_of_ns, temperature, tokens, run.seed)
+    bon = (
+        []
+        if task.checkable
+        else evaluate_best_of_n(sft, rm, tok, task, prompts, cfg.best_of_ns, temperature, tokens, run.seed)
+    )
     runs = variants(cfg)
+    if task.reward is not None and any(m not in ALGORITHMS for _, m, _ in runs):
+        dropped = sorted({m for _, m, _ in runs if m not in ALGORITHMS})
+        print(f"note: {', '.join(dropped)} left out: a program reward gives no preference pairs to learn from")
+        runs = [r for r in runs if r[1] in ALGORITHMS]
     results: dict[str, list[dict[str, Any]]] = {v: [] for v, _, _ in runs}
     curves: dict[str, list[list[dict[str, Any]]]] = {v: [] for v, _, _ in runs}
     for seed in cfg.seed_list:
@@ -203,7 +232,7 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
             name = f"{cfg.name}_{variant}_s{seed}"
             t0 = time.perf_counter()
             if method in ALGORITHMS:
-                rl, preset = online_settings(method, beta, cfg)
+                rl, preset = online_settings(method, beta, cfg, task.checkable)
                 summary = stage_ppo(seeded, rl, preset, ResumeConfig(policy_dir=name), None, method)
                 curves[variant].append(read_jsonl(rd.policy_dir(name).metrics))
             else:
@@ -213,7 +242,10 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
             row = evaluate_policy(variant, policy.to(device), sft, rm, tok, task, prompts, temperature, tokens, seed)
             row.update(seed=seed, wall_s=wall, episodes_per_s=summary.get("episodes_per_s"))
             results[variant].append(row)
-    report = summarize(sft_row, bon, results, curves)
+    if task.checkable:
+        report = summarize_checkable(sft_row, results, curves, cfg.batch_size)
+    else:
+        report = summarize(sft_row, bon, results, curves)
     report["settings"] = {
         "episodes": cfg.episodes,
         "batch_size": cfg.batch_size,
@@ -223,7 +255,10 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
     }
     rd.save_json(rd.report(f"{cfg.name}.json"), report)
     rd.save_text(rd.report(f"{cfg.name}.md"), report["table"])
-    plot_frontier(report, curves, rd.report(f"{cfg.name}.png"))
+    if task.checkable:
+        plot_accuracy(report, curves, rd.report(f"{cfg.name}.png"))
+    else:
+        plot_frontier(report, curves, rd.report(f"{cfg.name}.png"))
     print(report["table"])
     return report
 

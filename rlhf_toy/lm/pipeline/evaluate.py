@@ -2,7 +2,9 @@
 
 For each: mean gold score (± its standard error over prompts), mean reward-model score, KL to the reference
 (sequence level, nats; best-of-n's is log n - (n - 1) / n), on-topic rate (tasks with a topic), distinct-2,
-repetition rate, and five samples.
+repetition rate, and five samples. On a checkable task (the gold is right or wrong) also greedy accuracy, pass@1
+and pass@k at the sampling temperature, the mean length of right and of wrong replies, the share of prompts whose
+k replies are all right or all wrong (a GRPO group of them learns nothing), the truncation rate and the entropy.
 """
 
 from __future__ import annotations
@@ -50,6 +52,52 @@ def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: li
     }
 
 
+def score_texts(rm, prompts: list[str], texts: list[str]) -> torch.Tensor:
+    """Scores `[B]` of replies by a `RewardModel` or by a program reward `(prompts, texts) -> list[float]`."""
+    if hasattr(rm, "score_texts"):
+        return rm.score_texts(prompts, texts).float().cpu()
+    return torch.tensor(rm(prompts, texts), dtype=torch.float32)
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tok, task: Task, prompts: list[str], max_new_tokens: int) -> list[float]:
+    """The gold of each prompt's greedy reply (on a checkable task: 1 right, 0 wrong)."""
+    s = sample(model, tok, prompts, max_new_tokens, greedy=True)
+    return [float(g) for g in task.judge(prompts, s.texts)]
+
+
+@torch.no_grad()
+def checkable_metrics(
+    model, tok, task: Task, prompts: list[str], k: int, temperature: float, max_new_tokens: int, seed: int
+) -> dict[str, Any]:
+    """A checkable task's figures: greedy accuracy (± s.e. over prompts), then from k replies per prompt at
+    `temperature`: pass@1 (their mean accuracy), pass@k (some reply right), the mean length in tokens of right and
+    of wrong replies, the share of prompts whose k replies are all equal (zero variance: no GRPO signal), the share
+    truncated at `max_new_tokens` and the mean per-token entropy (nats)."""
+    greedy = greedy_accuracy(model, tok, task, prompts, max_new_tokens)
+    torch.manual_seed(seed)
+    flat = [p for p in prompts for _ in range(k)]
+    s = sample(model, tok, flat, max_new_tokens, temperature, with_logprobs=True)
+    right = torch.tensor(task.judge(flat, s.texts), dtype=torch.float32).view(len(prompts), k) > 0.5
+    lengths = s.response_mask.sum(1).float().cpu()
+    flat_right = right.flatten()
+    mean_of = lambda x: float(x.mean()) if len(x) else None  # noqa: E731
+    assert s.entropy is not None
+    return {
+        "accuracy": float(np.mean(greedy)),
+        "accuracy_se": standard_error(greedy),
+        "accuracy_scores": greedy,
+        "pass@1": float(right.float().mean()),
+        "pass@k": float(right.any(1).float().mean()),
+        "k": k,
+        "length_right": mean_of(lengths[flat_right]),
+        "length_wrong": mean_of(lengths[~flat_right]),
+        "zero_variance": float((right.all(1) | ~right.any(1)).float().mean()),
+        "truncated": float((~s.eos).float().mean()),
+        "entropy": float(s.entropy.sum() / s.response_mask.sum()),
+    }
+
+
 def best_of_n_kl(n: int) -> float:
     return math.log(n) - (n - 1) / n
 
@@ -66,19 +114,24 @@ def evaluate_policy(
     temperature: float,
     max_new_tokens: int,
     seed: int,
+    pass_k: int = 8,
 ) -> dict[str, Any]:
+    """Every figure of one model on `prompts` (the checkable ones with k = `pass_k` on a checkable task)."""
     torch.manual_seed(seed)
     s = sample(model, tok, prompts, max_new_tokens, temperature)
     logp, _ = response_logprobs(model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     ref_logp, _ = response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     kl = (per_token_kl(logp, ref_logp, "k1") * s.response_mask).sum(1).mean().item()
-    scores = rm.score_texts(prompts, s.texts).tolist()
-    return {
+    scores = score_texts(rm, prompts, s.texts).tolist()
+    row = {
         "name": name,
         "kl": kl,
         "eos_rate": float(s.eos.float().mean()),
         **text_metrics(task, prompts, s.texts, scores),
     }
+    if task.checkable:
+        row.update(checkable_metrics(model, tok, task, prompts, pass_k, temperature, max_new_tokens, seed))
+    return row
 
 
 @torch.no_grad()
@@ -98,7 +151,7 @@ def evaluate_best_of_n(
     n_max = max(ns)
     flat_prompts = [p for p in prompts for _ in range(n_max)]
     texts = sample(sft_model, tok, flat_prompts, max_new_tokens, temperature).texts
-    scores = rm.score_texts(flat_prompts, texts).view(len(prompts), n_max)
+    scores = score_texts(rm, flat_prompts, texts).view(len(prompts), n_max)
     rows = []
     for n in ns:
         best = scores[:, :n].argmax(1).tolist()
@@ -133,6 +186,49 @@ def format_gain(gain: float, se: float) -> str:
     return f"{gain:+.3f} ± {se:.3f}{ratio}"
 
 
+def checkable_table(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The checkable figures of the rows that have them, as table rows (`CHECKABLE_HEAD`); the first row is the
+    reference of the paired gain in greedy accuracy."""
+    out = []
+    for r in rows:
+        if "accuracy" not in r:
+            continue
+        diff = np.asarray(r["accuracy_scores"]) - np.asarray(rows[0]["accuracy_scores"])
+        length = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+        out.append(
+            [
+                r["name"],
+                f"{r['accuracy']:.3f} ± {r['accuracy_se']:.3f}",
+                "-" if r is rows[0] else format_gain(float(diff.mean()), standard_error(diff)),
+                f"{r['pass@1']:.3f}",
+                f"{r['pass@k']:.3f}",
+                length(r["length_right"]),
+                length(r["length_wrong"]),
+                f"{r['zero_variance']:.2f}",
+                f"{r['truncated']:.3f}",
+                f"{r['entropy']:.3f}",
+            ]
+        )
+    return out
+
+
+def checked_columns(k: int) -> list[str]:
+    """The column names of a checkable task's sampled figures, shared by `evaluate` and `compare`."""
+    return [
+        "pass@1",
+        f"pass@{k}",
+        "tokens (right)",
+        "tokens (wrong)",
+        "zero-variance groups",
+        "truncated",
+        "entropy (nats/token)",
+    ]
+
+
+def checkable_head(k: int) -> list[str]:
+    return ["model", "greedy accuracy ± s.e.", "gain over the first row ± paired s.e.", *checked_columns(k)]
+
+
 def evaluation_table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of every model's figures (the first row is the reference: the others' gold gain over it
     is paired by prompt), then five sample conversations of each."""
@@ -165,6 +261,10 @@ def evaluation_table(rows: list[dict[str, Any]]) -> str:
             for r, (g, se) in zip(rows, gains)
         ],
     )
+    checkable = [r for r in rows if "accuracy" in r]
+    if checkable and checkable[0] is rows[0]:
+        out += "\nChecked answers (greedy, and k replies per prompt at the sampling temperature):\n\n"
+        out += markdown_table(checkable_head(rows[0]["k"]), checkable_table(rows))
     for r in rows:
         out += f"\n**{r['name']}**\n\n" + "".join(f"- {s['prompt']} -> {s['response']}\n" for s in r["samples"])
     return out

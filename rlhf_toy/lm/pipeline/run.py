@@ -17,6 +17,7 @@ from rlhf_toy.distributed import COLLECTIVE_TIMEOUT_S, barrier, init_distributed
 from rlhf_toy.io import check_no_readers
 from rlhf_toy.seeding import seed_everything
 
+from ..data.checkable import CheckableSettings
 from ..data.tasks import Task, get_task
 from ..models.devices import resolve_device
 from .rundir import RunDir
@@ -33,8 +34,35 @@ class RunConfig:
         None,
     )
     device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
-    task: str = option("Built-in task: helpdesk, helpdesk-chat or chatterbot.", "helpdesk")
-    data: str | None = option("Your own prompt/response file (JSONL, CSV, parquet).", None)
+    task: str = option(
+        "Built-in task: helpdesk, helpdesk-chat, chatterbot, or a checkable one (reward = a program): arithmetic, "
+        "countdown.",
+        "helpdesk",
+    )
+    data: str | None = option(
+        "Your own prompt/response file (JSONL, CSV, parquet); with --reward_fn a prompt file (its other columns "
+        "reach the reward functions).",
+        None,
+    )
+    reward_fn: str | None = option(
+        "Reward as a program instead of a reward model: comma-separated module:function, each with TRL's "
+        "signature f(prompts, completions, **columns) -> list[float].",
+        None,
+    )
+    reward_weights: str | None = option(
+        "Comma-separated weights of the --reward_fn functions (or of a checkable task's correctness,format).", None
+    )
+    digits: int = option("arithmetic: digits per operand.", 2)
+    operations: str = option("arithmetic: some of + - * (e.g. +-).", "+-")
+    numbers: int = option("countdown: how many numbers to combine.", 3)
+    prose: float = option(
+        "arithmetic: share of the SFT demonstrations written as prose ('75 + 80 = 155.'), right but not in the "
+        "'Answer: N' form the checker reads (room for RL to learn the checked form).",
+        0.0,
+    )
+    instruction: str = option(
+        "Checkable tasks: text appended to every prompt (tells a chat model the form the checker reads).", ""
+    )
     preferences_file: str | None = option(
         "Your own preference file (prompt/chosen/rejected) for the reward stage.", None
     )
@@ -59,6 +87,17 @@ class RunConfig:
             self.max_train_pairs,
             ">= 1 (or None: all)",
         )
+        self.checkable  # noqa: B018  the checkable task's settings, checked here once
+
+    @property
+    def checkable(self) -> CheckableSettings:
+        return CheckableSettings(
+            digits=self.digits,
+            operations=self.operations,
+            numbers=self.numbers,
+            prose=self.prose,
+            instruction=self.instruction.strip(),
+        )
 
     @property
     def dir(self) -> RunDir:
@@ -74,7 +113,9 @@ class RunConfig:
         quiet_libraries()
         self.torch_device  # noqa: B018  a missing GPU is an error before any work; joins torchrun's group
         seed_everything(self.seed, self.threads)
-        task = get_task(self.task, self.data, self.judge, self.seed)
+        task = get_task(
+            self.task, self.data, self.judge, self.seed, self.reward_fn, self.reward_weights, self.checkable
+        )
         if self.max_train_pairs is not None:
             task.train = task.train[: self.max_train_pairs]
         return task

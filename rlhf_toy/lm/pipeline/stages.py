@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
@@ -29,6 +30,7 @@ from ..algorithms.online import label as algorithm_label
 from ..algorithms.reward import RewardConfig, pair_accuracy, pairwise_accuracy, split_pairs, train_reward_model
 from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
 from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
+from ..data.checkable import REWARDS
 from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
 from ..data.tasks import Task
 from ..models.base import context_length, load_base, resolve_base_model
@@ -39,7 +41,7 @@ from ..models.layers import freeze_below
 from ..models.lora import LoraConfig, add_lora, lora_settings, merged_copy
 from ..models.reward_model import reward_model_from, set_normalization, trunk_and_head
 from ..models.sampling import sample
-from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table
+from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table, greedy_accuracy
 from .run import RunConfig, writes_run_dir
 from .rundir import RunDir
 
@@ -59,7 +61,8 @@ def stage_tokenizer(run: RunConfig, cfg: TokenizerConfig) -> dict[str, Any]:
     if run.base_model:  # nothing to train: the sft stage saves the base model's own tokenizer with it
         return {"stage": "tokenizer", "skipped": f"--base_model {run.base_model} brings its own tokenizer"}
     task = run.start()
-    tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], cfg.vocab_size)
+    texts = [p for p, _ in task.train] + [r for _, r in task.train]
+    tok = train_tokenizer(texts, cfg.vocab_size, split_digits=task.checkable)
     run.dir.save_tokenizer(tok)
     return {"stage": "tokenizer", "vocab": len(tok), "pad": tok.pad_token_id, "eos": tok.eos_token_id}
 
@@ -274,12 +277,16 @@ def plot_ppo_curves(rows: list[dict[str, Any]], path) -> None:
 
 
 # What --resume may change: how long to train and how often to save. Anything else must match the saved run.
-RESUMABLE_CHANGES = {"steps", "save_every"}
+RESUMABLE_CHANGES = {"steps", "save_every", "eval_every", "eval_prompts"}  # the held-out curve changes no step
 
 
 def run_settings(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig) -> dict[str, Any]:
     """Every setting that shapes a PPO run's steps, flat, as saved in its checkpoint."""
-    data = {k: getattr(run, k) for k in ("task", "data", "judge", "seed", "max_train_pairs")}
+    data = {
+        k: getattr(run, k) for k in ("task", "data", "judge", "seed", "max_train_pairs", "reward_fn", "reward_weights")
+    }
+    if run.task in REWARDS:  # a checkable task's problems
+        data.update(asdict(run.checkable))
     return {**data, **asdict(cfg), **ppo.to_dict()}
 
 
@@ -293,14 +300,24 @@ def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> Non
     if diff:
         raise UserError(
             f"--resume with settings that differ from the saved run: {', '.join(diff)}; pass the saved "
-            "values (only --steps and --save_every may change) or start a new --policy_dir"
+            "values (only --steps, --save_every and the held-out evaluation's settings may change) or start a new "
+            "--policy_dir"
         )
 
 
-def model_identity(rd: RunDir) -> dict[str, str]:
+def model_identity(rd: RunDir, reward_model: bool = True) -> dict[str, str]:
     """What a policy run trains against, by content: the SFT model (the starting policy and the reference) and
-    the reward model. Saved in every checkpoint; `--resume` refuses to continue against other models."""
-    return {"sft": folder_digest(rd.sft), "reward_model": folder_digest(rd.reward_model)}
+    the reward model (unless the reward is a program). Saved in every checkpoint; `--resume` refuses to continue
+    against other models."""
+    identity = {"sft": folder_digest(rd.sft)}
+    if reward_model:
+        identity["reward_model"] = folder_digest(rd.reward_model)
+    return identity
+
+
+def task_reward(run: RunConfig, task: Task, tok, device: torch.device, reads: str = "auto"):
+    """What scores replies: the task's program (checkable tasks, --reward_fn) or the run's reward model."""
+    return task.reward if task.reward is not None else run.dir.load_reward_model(tok, reads, device)
 
 
 def check_resume_identity(saved: dict[str, str] | None, current: dict[str, str], rd: RunDir) -> None:
@@ -344,7 +361,7 @@ def stage_ppo(
     settings = {**run_settings(run, cfg, ppo), **asdict(lora), "algorithm": algorithm}
     with out.lock(), rd.reading():
         out.check_kind(algorithm)
-        identity = model_identity(rd)
+        identity = model_identity(rd, reward_model=task.reward is None)
         state = None
         if resume.resume:
             model, tok, state = out.load_checkpoint(lambda: rd.load_sft(device) if lora.enabled else None)
@@ -353,7 +370,7 @@ def stage_ppo(
         else:
             model, tok = start_policy(rd, device, lora)
         ref_model = reference_model(rd, device, lora)
-        rm = rd.load_reward_model(tok, cfg.reward_reads, device)
+        rm = task_reward(run, task, tok, device, cfg.reward_reads)
         trainer = RLHFTrainer(
             model,
             rm,
@@ -378,6 +395,12 @@ def stage_ppo(
             barrier()
 
         logger = MetricLogger(out.path, tensorboard=True, history=rows, enabled=is_main())
+        held_out = task.eval_prompts[: cfg.eval_prompts]
+        evaluate = lambda: float(  # noqa: E731  greedy: draws no random numbers, so the run is the same without it
+            np.mean(greedy_accuracy(trainer.policy.lm, tok, task, held_out, cfg.max_new_tokens))
+        )
+        initial = evaluate() if cfg.eval_every and state is None else None
+        train_s = sum(r["time/step_s"] for r in rows)
         t0 = time.perf_counter()
         bar = tqdm(
             total=cfg.steps,
@@ -389,6 +412,10 @@ def stage_ppo(
         try:
             while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
                 m = trainer.step()
+                train_s += m["time/step_s"]
+                m["time/train_s"] = train_s  # training only: the held-out evaluations are not counted
+                if cfg.eval_every and trainer.step_count % cfg.eval_every == 0:
+                    m["eval/greedy_gold"] = evaluate()
                 logger.log(m["step"], m)
                 rows.append(m)
                 bar.update(1)
@@ -420,6 +447,8 @@ def stage_ppo(
             "final_gold": last.get("objective/gold"),
             "final_kl": last.get("objective/kl"),
             "final_beta": last.get("objective/beta"),
+            "initial_greedy_gold": initial,
+            "final_greedy_gold": last.get("eval/greedy_gold"),
             "world_size": rank_and_world()[1],  # episodes: all ranks' (batch_size is per rank)
             "episodes_per_s": cfg.batch_size * rank_and_world()[1] * len(rows) / max(1e-9, step_s),
             "config": asdict(cfg),
@@ -476,9 +505,17 @@ class EvalConfig:
     eval_prompts: int = option("Held-out prompts to evaluate on.", 200)
     best_of: str = option("Comma-separated n for best-of-n baselines (empty: none).", "4,16,64")
     policies: str = option("Comma-separated policy directories under run_dir (ppo, grpo, dpo, ...).", "ppo")
-    reference_name: str = option("Row name of the reference model (the starting policy).", "SFT")
+    reference_name: str | None = option(
+        "Row name of the reference model (None: SFT, or base with --reference base).", None
+    )
+    reference: str = option(
+        "The first row and the KL reference: sft (the SFT model) or base (--base_model itself; with it the SFT "
+        "model is a row of its own).",
+        "sft",
+    )
     temperature: float = option("Sampling temperature for every model.", 1.0)
     max_new_tokens: int = option("Longest response.", 32)
+    pass_k: int = option("Checkable tasks: replies per prompt for pass@1 and pass@k.", 8)
     best_of_ns: list[int] = derived()
     policy_names: list[str] = derived()
 
@@ -486,6 +523,8 @@ class EvalConfig:
         check(self.eval_prompts >= 1, "eval_prompts", self.eval_prompts, ">= 1")
         check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
         check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
+        check(self.pass_k >= 1, "pass_k", self.pass_k, ">= 1")
+        check(self.reference in ("sft", "base"), "reference", self.reference, "sft or base")
         self.best_of_ns = parse_list("best_of", self.best_of, int, "integers >= 1") if self.best_of.strip() else []
         check(all(n >= 1 for n in self.best_of_ns), "best_of", self.best_of, "comma-separated integers >= 1")
         self.policy_names = [p.strip() for p in self.policies.split(",") if p.strip()]
@@ -502,38 +541,31 @@ def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
             f"no trained policy in {', '.join(str(policy_dirs[m].policy) for m in missing)}; run the "
             "'ppo' stage first or pass --policies with existing policy directories ('' for none)"
         )
+    if cfg.reference == "base" and not run.base_model:
+        raise UserError("--reference base needs --base_model (the model the SFT stage started from)")
     sft, tok = rd.load_sft(run.torch_device)
-    rm = rd.load_reward_model(tok, device=run.torch_device)
+    ref = sft
+    if cfg.reference == "base":  # the SFT stage converted it (a GGUF file) or read it: the same tokenizer
+        ref = load_base(resolve_base_model(run.base_model, rd.base_model))[0].to(run.torch_device)
+    rm = task_reward(run, task, tok, run.torch_device)
     prompts = task.eval_prompts[: cfg.eval_prompts]
-    rows = [
-        evaluate_policy(
-            cfg.reference_name, sft, sft, rm, tok, task, prompts, cfg.temperature, cfg.max_new_tokens, run.seed
-        )
-    ]
+    judged = lambda name, model: evaluate_policy(  # noqa: E731  every row on the same prompts and seed
+        name, model, ref, rm, tok, task, prompts, cfg.temperature, cfg.max_new_tokens, run.seed, cfg.pass_k
+    )
+    rows = [judged(cfg.reference_name or ("SFT" if cfg.reference == "sft" else "base"), ref)]
     if cfg.best_of_ns:
         rows += evaluate_best_of_n(
-            sft, rm, tok, task, prompts, cfg.best_of_ns, cfg.temperature, cfg.max_new_tokens, run.seed
+            ref, rm, tok, task, prompts, cfg.best_of_ns, cfg.temperature, cfg.max_new_tokens, run.seed
         )
+    if cfg.reference == "base":
+        rows.append(judged("SFT", sft))
     for name, d in policy_dirs.items():
         policy, _ = d.load_policy(name)
         label = f"{algorithm_label(d.load_summary().get('algorithm', 'ppo'))} ({name})"
-        rows.append(
-            evaluate_policy(
-                label,
-                policy.to(run.torch_device),
-                sft,
-                rm,
-                tok,
-                task,
-                prompts,
-                cfg.temperature,
-                cfg.max_new_tokens,
-                run.seed,
-            )
-        )
+        rows.append(judged(label, policy.to(run.torch_device)))
     table = evaluation_table(rows)
     rd.save_text(rd.report("eval.md"), table)
     rd.save_json(rd.report("eval.json"), {"rows": rows, "prompts": len(prompts)})
     print(table)
-    keys = ("gold", "gold_se", "rm_score", "kl", "on_topic")
-    return {"stage": "evaluate", "rows": {r["name"]: {k: r[k] for k in keys} for r in rows}}
+    keys = ("gold", "gold_se", "rm_score", "kl", "on_topic", "accuracy", "accuracy_se", "pass@1", "pass@k")
+    return {"stage": "evaluate", "rows": {r["name"]: {k: r[k] for k in keys if k in r} for r in rows}}
