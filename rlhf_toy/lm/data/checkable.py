@@ -234,4 +234,4 @@ REWARDS: dict[str, tuple[tuple[Check, float], ...]] = {
     "arithmetic": ((correctness, 1.0), (format_reward, 0.1)),
     "countdown": ((countdown_correctness, 1.0), (format_reward, 0.1)),
 }
-CHECKERS: dict[str, Check] = {"arithmetic": correctness, "countdown": countdown_correctness}  # the gold: right or wrong
+CHECKERS: dict[str, Check] = {task: rewards[0][0] for task, rewards in REWARDS.items()}  # the gold: correctness

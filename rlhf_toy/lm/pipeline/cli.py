@@ -25,7 +25,6 @@ from ..algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
 from ..algorithms.reward import RewardConfig
 from ..algorithms.rlhf import RLHFConfig
 from ..algorithms.sft import SFTConfig
-from ..data.checkable import REWARDS
 from ..data.preferences import PreferenceConfig
 from ..models.base import context_length
 from ..models.causal_lm import ModelConfig
@@ -90,7 +89,7 @@ def _print(metrics: dict[str, Any]) -> int:
 def _all(run: RunConfig) -> int:
     """Every stage on its defaults, in order, ending with the evaluation table (a program reward: the reasoning
     recipe's stages, no preferences and no reward model)."""
-    if run.task in REWARDS or run.reward_fn:
+    if run.checkable_task or run.reward_fn:
         run_reasoning(run)
         return 0
     t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from rlhf_toy.logging import markdown_table, moving_average, plt_module, read_js
 from ..algorithms.dpo import DPOConfig
 from ..algorithms.online import ALGORITHMS, OFFLINE_LABELS
 from ..algorithms.rlhf import RLHFConfig
-from .evaluate import evaluate_best_of_n, evaluate_policy, standard_error
+from .evaluate import evaluate_best_of_n, evaluate_policy, mean_se
 from .reasoning import plot_accuracy, summarize_checkable
 from .run import RunConfig, writes_run_dir
 from .stages import DPODirConfig, ResumeConfig, stage_dpo, stage_ppo, task_reward
@@ -149,10 +149,6 @@ def format_fit(f: dict[str, Any] | None) -> list[str]:
     return [f"{f['alpha']:.3f}", f"{f['beta']:.3f}", peak]
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    return float(np.mean(values)), standard_error(values) if len(values) > 1 else 0.0  # one seed: no spread
-
-
 def training_curve(
     rows_by_seed: list[list[dict[str, Any]]], key: str = "objective/gold"
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -256,7 +252,7 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
     rd.save_json(rd.report(f"{cfg.name}.json"), report)
     rd.save_text(rd.report(f"{cfg.name}.md"), report["table"])
     if task.checkable:
-        plot_accuracy(report, curves, rd.report(f"{cfg.name}.png"))
+        plot_accuracy(report, rd.report(f"{cfg.name}.png"))
     else:
         plot_frontier(report, curves, rd.report(f"{cfg.name}.png"))
     print(report["table"])

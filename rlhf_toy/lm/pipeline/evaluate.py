@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlhf_toy.advantages import equal_groups
 from rlhf_toy.logging import markdown_table
 
 from ..algorithms.kl import per_token_kl
@@ -92,7 +93,7 @@ def checkable_metrics(
         "k": k,
         "length_right": mean_of(lengths[flat_right]),
         "length_wrong": mean_of(lengths[~flat_right]),
-        "zero_variance": float((right.all(1) | ~right.any(1)).float().mean()),
+        "zero_variance": float(equal_groups(flat_right.float(), k).float().mean()),
         "truncated": float((~s.eos).float().mean()),
         "entropy": float(s.entropy.sum() / s.response_mask.sum()),
     }
@@ -166,6 +167,11 @@ def evaluate_best_of_n(
             }
         )
     return rows
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """The mean of `values` and its standard error (0 for one value: one seed has no spread)."""
+    return float(np.mean(values)), standard_error(values) if len(values) > 1 else 0.0
 
 
 def standard_error(values) -> float:

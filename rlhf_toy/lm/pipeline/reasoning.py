@@ -15,7 +15,7 @@ import numpy as np
 
 from rlhf_toy.logging import markdown_table, plt_module, save_figure
 
-from .evaluate import checked_columns, standard_error
+from .evaluate import checked_columns, mean_se
 
 FIGURES = (
     "accuracy",
@@ -30,8 +30,9 @@ FIGURES = (
 )
 
 
-def mean_se(values: list[float]) -> dict[str, float]:
-    return {"mean": float(np.mean(values)), "se": standard_error(values) if len(values) > 1 else 0.0}
+def mean_and_se(values: list[float]) -> dict[str, float]:
+    """`mean_se` as the report's JSON keeps it."""
+    return dict(zip(("mean", "se"), mean_se(values)))
 
 
 def accuracy_curve(rows: list[dict[str, Any]], start: float, batch_size: int) -> np.ndarray:
@@ -61,7 +62,9 @@ def summarize_checkable(
     """Every method's figures over seeds, the table, and each seed's accuracy curve."""
     methods: dict[str, Any] = {}
     for m, rows in results.items():
-        figs = {k: mean_se([r[k] for r in rows]) for k in FIGURES if rows and all(r.get(k) is not None for r in rows)}
+        figs = {
+            k: mean_and_se([r[k] for r in rows]) for k in FIGURES if rows and all(r.get(k) is not None for r in rows)
+        }
         gains = [r["accuracy"] - sft_row["accuracy"] for r in rows]
         # Times: medians over seeds (one run slowed by another process on the machine moves a mean, not these).
         seed_curves = [accuracy_curve(c, sft_row["accuracy"], batch_size) for c in curves.get(m, [])]
@@ -74,7 +77,7 @@ def summarize_checkable(
             if not reached or None in reached
             else [float(np.median([r[i] for r in reached if r is not None])) for i in (0, 1)],
             "reached_target": sum(r is not None for r in reached),
-            "gain": mean_se(gains),
+            "gain": mean_and_se(gains),
             "episodes_per_s": float(np.median([r["episodes_per_s"] for r in rows if r.get("episodes_per_s")] or [0])),
             "seeds": len(rows),
             "curves": [c.tolist() for c in seed_curves],
@@ -139,7 +142,7 @@ def summarize_checkable(
     return {"sft": sft_row, "methods": methods, "runs": results, "table": markdown_table(head, table)}
 
 
-def plot_accuracy(report: dict[str, Any], curves: dict[str, list[list[dict[str, Any]]]], path) -> None:
+def plot_accuracy(report: dict[str, Any], path) -> None:
     """Held-out greedy accuracy against episodes and against training seconds (mean over seeds, ± s.e. shaded),
     and the mean reply length of right and of wrong replies per method."""
     plt = plt_module()

@@ -193,8 +193,8 @@ def run_smollm2(run: RunConfig, steps: int | None = None) -> dict[str, Any]:
 
 def run_smollm2_arithmetic(run: RunConfig, steps: int | None = None) -> dict[str, Any]:
     """SmolLM2-135M-Instruct on checkable arithmetic: a short SFT on demonstrations in the checked form (the
-    reference), Dr. GRPO with LoRA adapters against correctness + format, evaluation on 200 held-out problems
-    (beside the base model's own figures, in sft.json)."""
+    reference), Dr. GRPO with LoRA adapters against correctness + format, evaluation of the base model, the SFT
+    model and the policy on 200 held-out problems (`--reference base`: gains paired against the base)."""
     rl = SMOLLM2_ARITHMETIC_RL if steps is None else replace(SMOLLM2_ARITHMETIC_RL, steps=steps)
     out = run_stages(
         (

@@ -17,7 +17,7 @@ from rlhf_toy.distributed import COLLECTIVE_TIMEOUT_S, barrier, init_distributed
 from rlhf_toy.io import check_no_readers
 from rlhf_toy.seeding import seed_everything
 
-from ..data.checkable import CheckableSettings
+from ..data.checkable import REWARDS, CheckableSettings
 from ..data.tasks import Task, get_task
 from ..models.devices import resolve_device
 from .rundir import RunDir
@@ -88,6 +88,11 @@ class RunConfig:
             ">= 1 (or None: all)",
         )
         self.checkable  # noqa: B018  the checkable task's settings, checked here once
+
+    @property
+    def checkable_task(self) -> bool:
+        """Whether the run's task is a built-in checkable one (a --data file takes the place of --task)."""
+        return self.data is None and self.task in REWARDS
 
     @property
     def checkable(self) -> CheckableSettings:

@@ -30,7 +30,6 @@ from ..algorithms.online import label as algorithm_label
 from ..algorithms.reward import RewardConfig, pair_accuracy, pairwise_accuracy, split_pairs, train_reward_model
 from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
 from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
-from ..data.checkable import REWARDS
 from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
 from ..data.tasks import Task
 from ..models.base import context_length, load_base, resolve_base_model
@@ -285,7 +284,7 @@ def run_settings(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig) -> dict[str, A
     data = {
         k: getattr(run, k) for k in ("task", "data", "judge", "seed", "max_train_pairs", "reward_fn", "reward_weights")
     }
-    if run.task in REWARDS:  # a checkable task's problems
+    if run.checkable_task:  # its problems
         data.update(asdict(run.checkable))
     return {**data, **asdict(cfg), **ppo.to_dict()}
 
