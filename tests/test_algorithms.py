@@ -256,7 +256,7 @@ def test_dpo_without_preference_pairs(run_copy, tmp_path, capsys):
 
 @pytest.mark.parametrize("form", ["bon", "rl"])
 def test_gao_fit_recovers_the_functional_form(form):
-    from rlhf_toy.lm.pipeline.compare import fit_gao
+    from rlhf_toy.lm.pipeline.frontier import fit_gao
 
     d = torch.linspace(0.2, 3.0, 12).numpy()
     alpha, beta = 0.8, 0.3
@@ -329,7 +329,9 @@ def test_a_named_comparison_passes_its_beta_and_minibatch_and_keeps_the_default_
     ran = json.loads((out / "frontier_ppo_s0" / "summary.json").read_text())
     assert ran["config"]["kl_coef"] == 0.05 and ran["ppo"]["minibatch_size"] == 8 and ran["config"]["steps"] == 2
     report = json.loads((out / "frontier.json").read_text())
-    assert report["settings"] == {"episodes": 16, "batch_size": 8, "kl_coef": 0.05, "minibatch_size": 8, "seeds": [0]}
+    expected = {"episodes": 16, "batch_size": 8, "kl_coef": 0.05, "minibatch_size": 8, "seeds": [0]}
+    assert {k: report["settings"][k] for k in expected} == expected
+    assert list(report["settings"]["remedies"]) == ["none"]
     assert (out / "frontier.png").is_file() and (out / "frontier.md").is_file()
     assert not (out / "compare.json").exists() and not (out / "compare_ppo_s0").exists()
 
@@ -349,7 +351,7 @@ def test_a_comparison_with_a_bad_setting_is_one_error_line(run_dir, tmp_path, fl
 
 
 def test_a_gao_peak_far_beyond_the_fitted_range_is_reported_as_such():
-    from rlhf_toy.lm.pipeline.compare import fit_gao, format_fit
+    from rlhf_toy.lm.pipeline.frontier import fit_gao, format_fit
 
     d = torch.linspace(0.2, 1.5, 12).numpy()
     inside = fit_gao(d, d * (0.8 - 0.3 * d), "bon")  # peak at d = 1.33, inside the data

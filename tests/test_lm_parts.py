@@ -6,7 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlhf_toy.lm.algorithms.reward import RewardConfig, bradley_terry_loss, pairwise_accuracy, train_reward_model
+from rlhf_toy.lm.algorithms.reward import (
+    RewardConfig,
+    bradley_terry_loss,
+    pairwise_accuracy,
+    scorer,
+    train_reward_model,
+)
 from rlhf_toy.lm.algorithms.sft import SFTConfig, encode_pairs, train_sft
 from rlhf_toy.lm.data.tasks import helpdesk_task
 from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, position_ids
@@ -115,7 +121,7 @@ def test_reward_model_learns_a_simple_synthetic_preference(tok):
         progress=False,
     )
     test = [pair() for _ in range(100)]
-    acc = pairwise_accuracy(rm, tok, [t[0] for t in test], [[t[1], t[2]] for t in test], [[1.0, 0.0]] * 100)
+    acc = pairwise_accuracy(scorer(rm, tok), [t[0] for t in test], [[t[1], t[2]] for t in test], [[1.0, 0.0]] * 100)
     assert acc["accuracy"] >= 0.8
 
 

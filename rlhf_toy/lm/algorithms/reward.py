@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,8 +42,46 @@ class RewardConfig:
         "a large model: the backward pass stops below them. LoRA adapters train in every block regardless.",
         -1,
     )
+    ensemble: int = option(
+        "Train this many reward models (an ensemble, Coste et al. 2024), each from its own seed (the head's "
+        "initialization and the data order), saved as one directory that every stage loads; --reward_objective "
+        "combines their scores.",
+        1,
+    )
+    warm: int = option(
+        "WARM (Rame et al. 2024): fine-tune this many reward models from one initialization (each its own data "
+        "order) and save the average of their weights: one model's cost at inference.",
+        1,
+    )
+    shared_init: bool = option(
+        "Ensemble members start from one initialization and differ only in data order (and --bootstrap): such an "
+        "ensemble can also be averaged (--warm_from).",
+        False,
+    )
+    bootstrap: bool = option(
+        "Each ensemble or WARM member trains on a bootstrap resample of the pairs (drawn with replacement).", False
+    )
+    warm_from: str | None = option(
+        "Average the members of this existing ensemble directory (trained with --shared_init) into a WARM model "
+        "at --reward_dir, without training.",
+        None,
+    )
 
     def __post_init__(self) -> None:
+        check(self.ensemble >= 1, "ensemble", self.ensemble, ">= 1 (members of the ensemble; 1: one model)")
+        check(self.warm >= 1, "warm", self.warm, ">= 1 (members averaged; 1: no averaging)")
+        check(
+            self.ensemble == 1 or self.warm == 1,
+            "warm",
+            self.warm,
+            "1 with --ensemble (one directory holds an ensemble or one averaged model; train them apart)",
+        )
+        check(
+            self.warm_from is None or (self.ensemble == 1 and self.warm == 1),
+            "warm_from",
+            self.warm_from,
+            "without --ensemble or --warm (it averages members already trained)",
+        )
         check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         check(self.min_steps >= 1, "min_steps", self.min_steps, ">= 1")
         check(self.trainable_layers >= -1, "trainable_layers", self.trainable_layers, ">= -1 (-1: all)")
@@ -105,6 +144,30 @@ def train_reward_model(rm, tok, pairs: dict[str, list], cfg: RewardConfig, seed:
     }
 
 
+@dataclass(frozen=True)
+class MemberSeeds:
+    """Where one ensemble or WARM member's randomness comes from."""
+
+    init: int  # the scalar head's (and LoRA adapters') initialization
+    order: int  # the data order (and the bootstrap resample)
+
+
+def member_seeds(seed: int, cfg: RewardConfig) -> list[MemberSeeds]:
+    """One entry per member. Member 0 is the single model of `seed`; an ensemble's members differ in both
+    seeds unless `shared_init`, WARM's in the data order only (averaging needs one initialization)."""
+    k = max(cfg.ensemble, cfg.warm)
+    shared = cfg.warm > 1 or cfg.shared_init
+    return [MemberSeeds(seed if shared else seed + i, seed + i) for i in range(k)]
+
+
+def bootstrap_pairs(pairs: dict[str, list], seed: int) -> dict[str, list]:
+    """A resample of the pairs with replacement, as many as there are (seeded)."""
+    rng = random.Random(seed)
+    n = len(pairs["prompt"])
+    idx = [rng.randrange(n) for _ in range(n)]
+    return {c: [col[i] for i in idx] for c, col in pairs.items()}
+
+
 def split_pairs(pairs: dict[str, list], fraction: float, seed: int) -> tuple[dict[str, list], dict[str, list]]:
     """Hold out the pairs of a seeded `fraction` of the prompts (all pairs of a prompt stay on one side)."""
     prompts = sorted(set(pairs["prompt"]))
@@ -117,18 +180,26 @@ def split_pairs(pairs: dict[str, list], fraction: float, seed: int) -> tuple[dic
     return pick(False), pick(True)
 
 
-def pair_accuracy(rm, tok, pairs: dict[str, list]) -> dict[str, float]:
-    """Share of pairs whose chosen reply the reward model scores above the rejected one."""
-    chosen = score_texts(rm, tok, pairs["prompt"], pairs["chosen"])
-    rejected = score_texts(rm, tok, pairs["prompt"], pairs["rejected"])
+Score = Callable[[list[str], list[str]], Tensor]  # (prompts, responses) -> scores [B]
+
+
+def scorer(rm, tok) -> Score:
+    """A reward model's normalized scores as a `Score` (`reward_model.score_texts`)."""
+    return lambda prompts, responses: score_texts(rm, tok, prompts, responses)
+
+
+def pair_accuracy(score: Score, pairs: dict[str, list]) -> dict[str, float]:
+    """Share of pairs whose chosen reply `score` puts above the rejected one."""
+    chosen = score(pairs["prompt"], pairs["chosen"])
+    rejected = score(pairs["prompt"], pairs["rejected"])
     return {"accuracy": float((chosen > rejected).float().mean()), "pairs": len(pairs["prompt"])}
 
 
-def pairwise_accuracy(rm, tok, prompts: list[str], groups: list[list[str]], gold: list[list[float]]) -> dict:
-    """Held-out accuracy on pairs whose gold scores differ, and the correlation of scores with gold."""
+def pairwise_accuracy(score: Score, prompts: list[str], groups: list[list[str]], gold: list[list[float]]) -> dict:
+    """Held-out accuracy on pairs whose gold scores differ, and the correlation of `score`'s scores with gold."""
     flat_p = [p for p, g in zip(prompts, groups) for _ in g]
     flat_r = [r for g in groups for r in g]
-    s = score_texts(rm, tok, flat_p, flat_r).tolist()
+    s = score(flat_p, flat_r).tolist()
     k, correct, total, i = 0, 0, 0, 0
     for g_scores in gold:
         k = len(g_scores)

@@ -32,6 +32,7 @@ from ..models.chat import encode_prompts
 from ..models.devices import autocast, model_device
 from ..models.lora import is_lora, reference_mode, trainable_parameters
 from ..models.policy import PolicyWithValueHead
+from ..models.reward_ensemble import ScoredReward
 from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
@@ -159,10 +160,11 @@ class Experience:
 
 
 def score_responses(reward_model, tok, s: Samples) -> Tensor:
-    """Scores `[B]` (CPU) of sampled replies, checked (`checked_scores`). A `RewardModel` reads token ids or text
-    as it was loaded to; a bare scalar-head module shares the policy's tokenizer and reads the generated tokens;
+    """Scores `[B]` (CPU) of sampled replies, checked (`checked_scores`). A `RewardModel` (or a `ScoredReward`:
+    an ensemble, a length penalty) reads token ids or text as it was loaded to; a bare scalar-head module shares
+    the policy's tokenizer and reads the generated tokens;
     any callable `(prompts, texts) -> [B]` (a rule reward, say) reads the decoded text."""
-    if isinstance(reward_model, RewardModel):
+    if isinstance(reward_model, (RewardModel, ScoredReward)):  # one model, or an ensemble under its objective
         return checked_scores(reward_model.score_samples(s, tok), len(s.texts), reward_model)
     if isinstance(reward_model, torch.nn.Module):
         scores = RewardModel(reward_model, tok, reads_ids=True).score_samples(s, tok)
@@ -173,6 +175,8 @@ def score_responses(reward_model, tok, s: Samples) -> Tensor:
 def describe(fn: Any) -> str:
     """A reward function or model as the user would recognize it in an error."""
     if isinstance(fn, torch.nn.Module):
+        return f"the reward model ({type(fn).__name__})"
+    if isinstance(fn, (RewardModel, ScoredReward)):
         return f"the reward model ({type(fn).__name__})"
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     return f"the reward function {getattr(fn, '__module__', None) or '?'}.{name}"

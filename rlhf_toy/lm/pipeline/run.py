@@ -20,6 +20,7 @@ from rlhf_toy.seeding import seed_everything
 from ..data.checkable import REWARDS, CheckableSettings
 from ..data.tasks import Task, get_task
 from ..models.devices import resolve_device
+from ..models.reward_ensemble import OBJECTIVES
 from .rundir import RunDir
 
 
@@ -67,6 +68,20 @@ class RunConfig:
         "Your own preference file (prompt/chosen/rejected) for the reward stage.", None
     )
     judge: str | None = option("Gold judge as module:function (text -> float).", None)
+    reward_dir: str = option(
+        "The reward model's directory: a bare name for run_dir/NAME, or a path. The reward stage writes it (one "
+        "model, an --ensemble or a --warm average); every later stage reads it.",
+        "reward_model",
+    )
+    reward_objective: str = option(
+        "How an ensemble's scores become one reward: mean, worst (min over members) or uncertainty (mean - "
+        "uncertainty_coef * variance over members; Coste et al. 2024). worst and uncertainty need an ensemble.",
+        "mean",
+    )
+    uncertainty_coef: float = option("lambda of --reward_objective uncertainty.", 1.0)
+    length_penalty: float = option(
+        "Subtract this times the reply's words from the reward model's score (training and best-of-n; 0: off).", 0.0
+    )
     seed: int = option("Seed of every stage.", 0)
     threads: int = option("torch threads.", 2)
     collective_timeout_s: float = option(
@@ -80,6 +95,15 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_seed(self.seed)
         check(self.threads >= 1, "threads", self.threads, ">= 1")
+        check(
+            self.reward_objective in OBJECTIVES,
+            "reward_objective",
+            self.reward_objective,
+            ", ".join(OBJECTIVES),
+        )
+        check(self.uncertainty_coef >= 0, "uncertainty_coef", self.uncertainty_coef, ">= 0 (lambda, e.g. 1.0)")
+        check(self.length_penalty >= 0, "length_penalty", self.length_penalty, ">= 0 (per word, e.g. 0.02)")
+        check(bool(self.reward_dir.strip()), "reward_dir", self.reward_dir, "a directory name or path")
         check(self.collective_timeout_s > 0, "collective_timeout_s", self.collective_timeout_s, "> 0 seconds")
         check(
             self.max_train_pairs is None or self.max_train_pairs >= 1,
@@ -106,7 +130,7 @@ class RunConfig:
 
     @property
     def dir(self) -> RunDir:
-        return RunDir(self.run_dir)
+        return RunDir(self.run_dir, self.reward_dir)
 
     @property
     def torch_device(self) -> torch.device:

@@ -6,7 +6,9 @@ run_dir/sft/, sft.json             2. SFT model + tokenizer; losses, entropy flo
 run_dir/preferences/               3. `datasets.Dataset` of prompt/chosen/rejected (+ gold scores, label)
 run_dir/preferences.json           3. pair counts; preferences_eval.json: held-out groups with gold scores;
                                       reference_samples.json: one SFT sample per prompt (for normalization)
-run_dir/reward_model/, reward.json 4. scalar-head model + tokenizer; held-out accuracy, correlation
+run_dir/reward_model/, reward.json 4. scalar-head model + tokenizer; held-out accuracy, correlation (--reward_dir
+                                      NAME: run_dir/NAME/ and NAME.json; an --ensemble's directory holds
+                                      ensemble.json and member_0/ ... member_K-1/)
 run_dir/ALGORITHM/                 5. one policy run (ppo/, grpo/, dpo/, ... or --policy_dir): checkpoint/
                                       (policy/ + trainer_state.pt, one atomic unit: for --resume), policy/ (the
                                       finished policy), adapter/ (LoRA runs: the adapters alone), metrics.jsonl,
@@ -36,7 +38,7 @@ from ..data.tasks import load_table
 from ..models.chat import load_tokenizer
 from ..models.checkpoints import load_causal_lm, save_model
 from ..models.lora import is_lora, load_lora
-from ..models.reward_model import load_reward_model
+from ..models.reward_ensemble import ScoredReward, load_scored_reward
 
 
 def main_only(save):
@@ -155,22 +157,28 @@ class PolicyDir:
 class RunDir:
     """Where each stage reads and writes; the layout is the module docstring's."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], reward_dir: str = "reward_model") -> None:
         self.path = root = Path(path)
         # Directories (Hugging Face model or dataset directories) and the JSON files the stages share.
-        self.tokenizer, self.sft, self.preferences, self.reward_model = (
-            root / "tokenizer",
-            root / "sft",
-            root / "preferences",
-            root / "reward_model",
+        self.tokenizer, self.sft, self.preferences = root / "tokenizer", root / "sft", root / "preferences"
+        self.reward_model = self.under_run(reward_dir)
+        # reward.json for the default reward model; NAME.json beside any other (an ensemble's, WARM's)
+        self.reward_report = (
+            root / "reward.json"
+            if self.reward_model == root / "reward_model"
+            else self.reward_model.with_name(self.reward_model.name + ".json")
         )
         self.base_model = root / "base_model"
         self.preferences_eval, self.reference_samples = root / "preferences_eval.json", root / "reference_samples.json"
 
+    def under_run(self, name_or_path: str) -> Path:
+        """run_dir/NAME for a bare name, else the path itself."""
+        p = Path(name_or_path)
+        return p if p.is_absolute() or len(p.parts) > 1 else self.path / p
+
     def policy_dir(self, name_or_path: str) -> PolicyDir:
         """A policy run's output directory: run_dir/NAME (a bare name, e.g. the algorithm's), or a path."""
-        p = Path(name_or_path)
-        return PolicyDir(p if p.is_absolute() or len(p.parts) > 1 else self.path / p)
+        return PolicyDir(self.under_run(name_or_path))
 
     def lock(self):
         """Only one process writes the run directory's own files at a time (policy directories have their own);
@@ -200,12 +208,24 @@ class RunDir:
             raise UserError(f"no SFT model in {self.sft}; run the 'sft' stage first (or pass the right --run_dir)")
         return load_tokenizer(self.sft)
 
-    def load_reward_model(self, tok, reads: str = "auto", device=None):
-        """The reward model as a `RewardModel` (reading the policy's token ids or the text, see `reads`)."""
-        rm = load_reward_model(self.reward_model, tok, reads)
-        if device is not None:
-            rm.model.to(device)
-        return rm
+    def load_reward_model(
+        self,
+        tok,
+        reads: str = "auto",
+        device=None,
+        objective: str = "mean",
+        coef: float = 0.0,
+        length_penalty: float = 0.0,
+    ) -> ScoredReward:
+        """The reward model or ensemble under its objective (`ScoredReward`: reading the policy's token ids or the
+        text, see `reads`)."""
+        if not self.reward_model.is_dir():
+            raise UserError(
+                f"no reward model in {self.reward_model}; run the 'reward' stage first (or pass the right "
+                "--run_dir or --reward_dir)"
+            )
+        rm = load_scored_reward(self.reward_model, tok, reads, objective, coef, length_penalty)
+        return rm if device is None else rm.to(device)
 
     def load_preferences(self, preferences_file: str | None = None) -> dict[str, list]:
         """The preference pairs: the user's file if given, else the 'preferences' stage's dataset."""
