@@ -150,7 +150,10 @@ def test_the_evaluation_table_warns_when_gains_go_with_longer_replies():
 
 
 def curve(gold, score):
-    return [{"objective/gold": g, "objective/score": s, "objective/kl": 0.1 * i} for i, (g, s) in enumerate(zip(gold, score))]
+    return [
+        {"objective/gold": g, "objective/score": s, "objective/kl": 0.1 * i}
+        for i, (g, s) in enumerate(zip(gold, score))
+    ]
 
 
 def test_gold_peak_reads_the_peak_the_drop_and_the_proxy_meanwhile():
