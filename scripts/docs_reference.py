@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Generate the docs' reference pages from the code: every command's flags (from its config dataclasses and its
-preset defaults), every preset's full values, and the table of online algorithms.
+preset defaults), every preset's full values, the table of online algorithms and the table of remedies.
 
-    python scripts/docs_reference.py           # write docs/reference/{commands,presets,algorithms}.md
+    python scripts/docs_reference.py           # write docs/reference/{commands,presets,algorithms,remedies}.md
     python scripts/docs_reference.py --check   # exit 1 if a page is out of date (tests/test_docs.py runs it)
 """
 
@@ -20,7 +20,7 @@ from cartpole import settings as cartpole_settings
 from cartpole.cli import COMMANDS as CARTPOLE_COMMANDS
 from rlhf_toy.cli import Command, Group
 from rlhf_toy.lm.algorithms import online
-from rlhf_toy.lm.pipeline import recipes
+from rlhf_toy.lm.pipeline import recipes, remedies
 from rlhf_toy.lm.pipeline.cli import COMMANDS as RLHF_COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +173,38 @@ def algorithms_page() -> str:
     ])  # fmt: skip
 
 
-PAGES = {"commands.md": commands_page, "presets.md": presets_page, "algorithms.md": algorithms_page}
+def remedies_page() -> str:
+    rows = [
+        [f"`{r.name}`", r.label, f"`{r.reward_dir}`" if r.reward_dir else "the run's",
+         r.objective or "the run's", "the run's" if r.length_penalty is None else f"{r.length_penalty:g} per word",
+         ", ".join(f"{k}={cell(v)}" for k, v in r.rl.items()) or "-", "yes" if r.ranks_best_of_n else "no"]
+        for r in remedies.REMEDIES.values()
+    ]  # fmt: skip
+    presets = [
+        [f"`rlhf-toy {name}`", ", ".join(f"`--{k} {v}`" for k, v in values.items())]
+        for name, values in (("remedies", remedies.REMEDIES_LAB), ("overoptimization", remedies.OVEROPTIMIZATION))
+    ]
+    return "\n".join([
+        "# Remedies\n", GENERATED,
+        "The remedies against reward over-optimization that `compare --remedies` runs, from the one table that "
+        "holds them (`rlhf_toy.lm.pipeline.remedies.REMEDIES`); what each one is and why: [Reward hacking and its "
+        "remedies](../explanations/reward-hacking.md); what they did: [Results](../results/remedies.md).\n",
+        table(["remedy", "label", "reward model", "objective", "length penalty", "RL settings", "ranks best-of-n"],
+              rows) + "\n",
+        *[f"- **{r.label}** (`{r.name}`): {r.summary}" for r in remedies.REMEDIES.values()], "",
+        f"The ensemble and WARM reward models have {remedies.ENSEMBLE_SIZE} members, trained once per run directory "
+        "with the run's reward-stage settings. The lab's two commands are `compare` with these differences from "
+        "its defaults:\n",
+        table(["command", "differences from compare's defaults"], presets) + "\n",
+    ])  # fmt: skip
+
+
+PAGES = {
+    "commands.md": commands_page,
+    "presets.md": presets_page,
+    "algorithms.md": algorithms_page,
+    "remedies.md": remedies_page,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

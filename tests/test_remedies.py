@@ -290,3 +290,11 @@ def test_an_ensemble_member_of_another_tokenizer_is_refused(run_copy, tmp_path):
 
     with pytest.raises(UserError, match="another tokenizer"):
         load_scored_reward(out / "ens", load_tokenizer(out / "sft"))
+
+
+def test_a_length_penalty_on_a_program_reward_is_refused(tmp_path):
+    from rlhf_toy.lm.pipeline.stages import task_reward
+
+    run = RunConfig(run_dir=str(tmp_path), task="arithmetic", length_penalty=0.1, progress=False, threads=1)
+    with pytest.raises(UserError, match="program"):
+        task_reward(run, run.start(), None, torch.device("cpu"))

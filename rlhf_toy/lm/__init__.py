@@ -7,12 +7,13 @@ Sub-packages, from the bottom up:
 - `models/`: devices (`devices`), the chat format and tokenizer (`chat`), the policy model and log-probs
   (`causal_lm`), the policy with its value head (`policy`), loading/saving model directories (`checkpoints`),
   base models and GGUF files (`base`), LoRA (`lora`), which layers train (`layers`), the reward model
-  (`reward_model`) and sampling (`sampling`).
+  (`reward_model`), ensembles, WARM and the length penalty (`reward_ensemble`) and sampling (`sampling`).
 - `algorithms/`: training: SFT (`sft`), Bradley-Terry reward training (`reward`), the table of online
   algorithms (`online`: one record each), the RLHF step on the shared core (`rlhf`), KL shaping and control
   (`kl`), and DPO (`dpo`).
-- `pipeline/`: where a run lives (`run`, `rundir`), the stages in order (`stages`), evaluation (`evaluate`),
-  the comparison of methods (`compare`), recipes for real models (`recipes`), the command table (`cli`) and
+- `pipeline/`: where a run lives (`run`, `rundir`), the stages in order (`stages`, `reward_stage`), evaluation
+  (`evaluate`), the comparison of methods (`compare`, `frontier`, `reasoning`), the remedies against reward
+  hacking (`remedies`: one record each), recipes for real models (`recipes`), the command table (`cli`) and
   the throughput benchmark (`bench`).
 A new online algorithm is one record in `algorithms/online.py` (on `rlhf_toy.advantages`, `losses`, `ppo`), a
 new model family goes in `models/`, a new stage or command in `pipeline/`.
@@ -25,6 +26,7 @@ from .models.base import load_base
 from .models.checkpoints import save_model
 from .models.devices import resolve_device
 from .models.lora import LoraConfig, add_lora
+from .models.reward_ensemble import ScoredReward, load_scored_reward
 from .models.reward_model import RewardModel
 
 __all__ = [
@@ -36,9 +38,11 @@ __all__ = [
     "RLHFTrainer",
     "RewardFunctions",
     "RewardModel",
+    "ScoredReward",
     "add_lora",
     "lm_ppo_config",
     "load_reward_functions",
+    "load_scored_reward",
     "load_base",
     "resolve_device",
     "reward_functions",

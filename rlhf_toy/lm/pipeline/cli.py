@@ -36,6 +36,7 @@ from ..models.sampling import sample
 from .compare import CompareConfig, run_comparison
 from .recipes import REASONING_RUN, SMOLLM2_ARITHMETIC_RUN, run_reasoning, run_smollm2, run_smollm2_arithmetic
 from .remedies import OVEROPTIMIZATION, REMEDIES_LAB
+from .reward_stage import stage_reward
 from .run import RunConfig, quiet_libraries
 from .stages import (
     DPODirConfig,
@@ -46,7 +47,6 @@ from .stages import (
     stage_evaluate,
     stage_ppo,
     stage_preferences,
-    stage_reward,
     stage_sft,
     stage_tokenizer,
 )
@@ -146,6 +146,11 @@ def online(algorithm: OnlineAlgorithm) -> Command:
     )
 
 
+def comparison(help: str, defaults: dict[str, Any] | None = None) -> Command:
+    """`compare`, or a preset of it: its flags with `defaults` (CompareConfig's own plus the preset's differences)."""
+    return Command(help, (RunConfig, CompareConfig), lambda r, c: 0 if run_comparison(r, c) else 1, defaults=defaults)
+
+
 COMMANDS = {
     "tokenizer": Command(
         "Stage 1: train the BPE tokenizer on the task's text.",
@@ -181,25 +186,19 @@ COMMANDS = {
     "all": Command(
         "Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.", (RunConfig,), _all
     ),
-    "compare": Command(
+    "compare": comparison(
         "Every method over several seeds at a matched budget, on the gold-vs-sqrt(KL) frontier "
-        "beside best-of-n, with Gao et al.'s fits (run_dir/compare.md, .png).",
-        (RunConfig, CompareConfig),
-        lambda r, c: 0 if run_comparison(r, c) else 1,
+        "beside best-of-n, with Gao et al.'s fits (run_dir/compare.md, .png)."
     ),
-    "remedies": Command(
+    "remedies": comparison(
         "The reward-hacking lab at the default budget: PPO with one reward model and with each remedy (ensembles, "
         "WARM, a length penalty, the KL in the loss), 3 seeds (compare with the lab's defaults).",
-        (RunConfig, CompareConfig),
-        lambda r, c: 0 if run_comparison(r, c) else 1,
-        defaults=REMEDIES_LAB,
+        REMEDIES_LAB,
     ),
-    "overoptimization": Command(
+    "overoptimization": comparison(
         "Over-optimization on purpose: PPO long at a small beta, one reward model against each reward-side remedy; "
         "gold and proxy against sqrt(KL) (compare with the preset's defaults).",
-        (RunConfig, CompareConfig),
-        lambda r, c: 0 if run_comparison(r, c) else 1,
-        defaults=OVEROPTIMIZATION,
+        OVEROPTIMIZATION,
     ),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
     "smollm2": Command(

@@ -32,6 +32,7 @@ from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
 from ..models.causal_lm import ModelConfig
 from ..models.lora import LoraConfig
+from .reward_stage import stage_reward
 from .stages import (
     EvalConfig,
     ResumeConfig,
@@ -40,7 +41,6 @@ from .stages import (
     stage_evaluate,
     stage_ppo,
     stage_preferences,
-    stage_reward,
     stage_sft,
     stage_tokenizer,
 )

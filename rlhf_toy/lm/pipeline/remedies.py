@@ -19,8 +19,9 @@ from ..data.tasks import Task
 from ..models.lora import LoraConfig
 from ..models.reward_ensemble import ScoredReward
 from .evaluate import score_texts
+from .reward_stage import train_reward
 from .run import RunConfig
-from .stages import task_reward, train_reward
+from .stages import task_reward
 
 ENSEMBLE_DIR, WARM_DIR = "reward_ensemble", "reward_warm"
 ENSEMBLE_SIZE = 5  # Coste et al. 2024: 4-5 members
@@ -164,16 +165,17 @@ class RewardCache:
 
 
 # The lab's two comparisons (CompareConfig's defaults plus these differences, one level each).
-REMEDIES_LAB = {  # every remedy with PPO at the default budget, 3 seeds
-    "methods": "ppo",
+REMEDIES_LAB = {  # every remedy with PPO at the default budget, 3 seeds, at the beta where one reward model comes
+    "methods": "ppo",  # closest to best-of-64 (0.881 gold at 2.85 nats with beta 0.05, 2026-12-03)
+    "kl_coef": "0.05",
     "remedies": "none,ensemble_worst,ensemble_uncertainty,warm,length,kl_k3_loss",
     "name": "remedies",
 }
 OVEROPTIMIZATION = {  # long enough at a small beta that one reward model's gold peaks and falls
     "methods": "ppo",
     "remedies": "none,ensemble_worst,ensemble_uncertainty,warm,length",
-    "kl_coef": "0.01",
-    "episodes": 19200,
+    "kl_coef": "0.003",  # one reward model's gold peaks near step 30 and falls to about -0.9 by step 60 (probed)
+    "episodes": 9600,
     "seeds": "0",
-    "name": "overoptimization",
+    "name": "overopt_remedies",
 }

@@ -1,4 +1,5 @@
-"""The RLHF pipeline's stages, in order: tokenizer, SFT, preferences, reward model, PPO, evaluation.
+"""The RLHF pipeline's stages, in order: tokenizer, SFT, preferences, reward model (`reward_stage.py`), PPO,
+evaluation.
 
 Each stage is one function `stage_NAME(run, *configs) -> metrics`: it reads what the earlier stages wrote in
 the run directory and writes its own outputs there (every load and save goes through `RunDir`; the layout is
@@ -9,14 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification
 
 from rlhf_toy.config import check, derived, option, parse_list
 from rlhf_toy.distributed import barrier, is_main, rank_and_world
@@ -29,17 +28,6 @@ from ..algorithms.dpo import DPOConfig, train_dpo
 from ..algorithms.dpo import pairs_from_groups as dpo_pairs_from_groups
 from ..algorithms.online import get_algorithm
 from ..algorithms.online import label as algorithm_label
-from ..algorithms.reward import (
-    RewardConfig,
-    Score,
-    bootstrap_pairs,
-    member_seeds,
-    pair_accuracy,
-    pairwise_accuracy,
-    scorer,
-    split_pairs,
-    train_reward_model,
-)
 from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
 from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
 from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
@@ -49,26 +37,11 @@ from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import (
     check_fits,
     check_pairs_fit,
-    check_tokenizer_matches,
     encode_prompts,
-    load_tokenizer,
     train_tokenizer,
 )
-from ..models.checkpoints import from_pretrained
 from ..models.devices import autocast
-from ..models.layers import freeze_below
-from ..models.lora import LoraConfig, add_lora, lora_settings, merged_copy
-from ..models.reward_ensemble import (
-    ENSEMBLE_FILE,
-    OBJECTIVES,
-    ScoredReward,
-    average_weights,
-    is_ensemble,
-    member_dirs,
-    save_ensemble,
-    weights_digest,
-)
-from ..models.reward_model import RewardModel, reward_model_from, same_tokenizer, set_normalization, trunk_and_head
+from ..models.lora import LoraConfig, add_lora, lora_settings
 from ..models.sampling import sample
 from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table, greedy_accuracy
 from .run import RunConfig, writes_run_dir
@@ -204,147 +177,7 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
     return metrics
 
 
-# 4. Reward model ---------------------------------------------------------------------------------------------
-
-
-def start_reward_model(run: RunConfig, cfg: RewardConfig, lora: LoraConfig):
-    """`(scalar-head model on the run's device, its tokenizer)`: from the SFT trunk, or from `--reward_base` (a
-    separate model with its own tokenizer); its top `trainable_layers` blocks train (all: -1), and LoRA adapters
-    if asked for."""
-    rd = run.dir
-    if cfg.reward_base:
-        source = resolve_base_model(cfg.reward_base, rd.path / "reward_base")
-        _, tok = load_base(source)
-        what = "reward base"
-    else:
-        source, what = rd.sft, "SFT"
-        tok = rd.load_sft_tokenizer()
-    rm = reward_model_from(source, tok, what)
-    check_tokenizer_matches(tok, rm, "reward model")
-    if cfg.trainable_layers >= 0:
-        freeze_below(trunk_and_head(rm)[0], cfg.trainable_layers)
-    if lora.enabled:
-        rm = add_lora(rm, lora, "SEQ_CLS")
-    return rm.to(run.torch_device), tok
-
-
-def heldout_metrics(rd: RunDir, held_pairs: dict[str, list] | None, score: Score) -> dict[str, Any]:
-    """Held-out accuracy of `score`: on a user file's held-out pairs, or on the preferences stage's held-out
-    groups (pairs of different gold, with the correlation to gold); empty when there is neither."""
-    if held_pairs is not None:
-        return {f"heldout_{k}": v for k, v in pair_accuracy(score, held_pairs).items()}
-    held = rd.load_json(rd.preferences_eval)
-    if held is None:
-        return {}
-    return {
-        f"heldout_{k}": v
-        for k, v in pairwise_accuracy(score, held["prompts"], held["responses"], held["scores"]).items()
-    }
-
-
-def train_members(
-    run: RunConfig, cfg: RewardConfig, lora: LoraConfig, pairs: dict[str, list], ref: dict[str, list]
-) -> tuple[list[Any], Any, list[dict[str, Any]]]:
-    """`(members, tokenizer, each one's training figures)`: one reward model per `member_seeds` entry, normalized on
-    the reference samples; each records the digest of its initial weights (`reward_init`, WARM's check)."""
-    members, histories, tok = [], [], None
-    for seeds in member_seeds(run.seed, cfg):
-        torch.manual_seed(seeds.init)  # the head (and LoRA adapters) draw from it
-        rm, tok = start_reward_model(run, cfg, lora)
-        if not members:  # the pairs must fit the model: checked before any training
-            where = run.preferences_file or str(run.dir.preferences)
-            check_fits(encode_prompts(tok, pairs["prompt"]), context_length(rm.config), 2, "preference")
-            check_pairs_fit(tok, pairs, context_length(rm.config), where)
-        init = weights_digest(rm)
-        train_pairs = bootstrap_pairs(pairs, seeds.order) if cfg.bootstrap else pairs
-        with autocast(run.torch_device):
-            history = train_reward_model(rm, tok, train_pairs, cfg, seeds.order, run.progress)
-        rm = merged_copy(rm)  # LoRA adapters folded in: a plain transformers model from here on
-        rm.config.reward_init = init
-        mean, std = set_normalization(rm, tok, ref["prompts"], ref["responses"])
-        members.append(rm)
-        histories.append({**history, "norm_mean": mean, "norm_std": std, "init_seed": seeds.init})
-    return members, tok, histories
-
-
-def load_members(path: Path) -> tuple[list[Any], Any, list[str]]:
-    """`(models, tokenizer, names)` of an ensemble directory's members, for `--warm_from`."""
-    if not is_ensemble(path):
-        raise UserError(
-            f"--warm_from needs an ensemble directory (with {ENSEMBLE_FILE}), and {path} is not one; train it "
-            "with reward --ensemble K --shared_init --reward_dir NAME"
-        )
-    dirs = member_dirs(path)
-    models = [from_pretrained(AutoModelForSequenceClassification, d, "ensemble member") for d in dirs]
-    toks = [load_tokenizer(d) for d in dirs]
-    for d, t in zip(dirs[1:], toks[1:]):
-        if not same_tokenizer(t, toks[0]):
-            raise UserError(f"ensemble member {d.name} of {path} has another tokenizer than {dirs[0].name}")
-    return models, toks[0], [d.name for d in dirs]
-
-
-def train_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = None) -> dict[str, Any]:
-    """The reward stage without the run directory's lock (`stage_reward` holds it; `compare` already does): one
-    reward model, an ensemble (`--ensemble K`) or a weight average (`--warm K`, `--warm_from DIR`), written
-    to the run's `--reward_dir` with held-out accuracy (per member and combined)."""
-    run.start()
-    rd = run.dir
-    lora = lora_settings(lora)
-    if run.reward_objective != "mean" and cfg.ensemble < 2:
-        raise UserError(
-            f"--reward_objective {run.reward_objective} combines an ensemble's members; pass --ensemble 5 (or "
-            "more than 1), or --reward_objective mean"
-        )
-    pairs = rd.load_preferences(run.preferences_file)
-    held_pairs = None
-    if run.preferences_file and cfg.heldout_fraction > 0:  # a user's file: hold out a seeded share of its prompts
-        pairs, held_pairs = split_pairs(pairs, cfg.heldout_fraction, run.seed)
-        if not held_pairs["prompt"] or not pairs["prompt"]:
-            raise UserError(
-                f"{run.preferences_file} has too few prompts to hold out {cfg.heldout_fraction:.0%} of "
-                "them; add pairs or pass --heldout_fraction 0"
-            )
-    # Normalize on reference samples (one SFT sample per prompt) when the preferences stage wrote them; on a
-    # user's file, on both sides of its training pairs.
-    ref = rd.load_json(rd.reference_samples) or {
-        "prompts": pairs["prompt"] * 2,
-        "responses": pairs["chosen"] + pairs["rejected"],
-    }
-    if cfg.warm_from:
-        members, tok, names = load_members(rd.under_run(cfg.warm_from))
-        histories: list[dict[str, Any]] = [{} for _ in members]
-    else:
-        members, tok, histories = train_members(run, cfg, lora, pairs, ref)
-        names = [f"member_{i}" for i in range(len(members))]
-    heldout = lambda score: heldout_metrics(rd, held_pairs, score)  # noqa: E731
-    metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "reward_dir": str(rd.reward_model)}
-    if len(members) > 1:  # each member's figures, then what they make together
-        metrics["members"] = [{"name": n, **h, **heldout(scorer(m, tok))} for n, m, h in zip(names, members, histories)]
-    if cfg.ensemble > 1:
-        ensemble = ScoredReward([RewardModel(m, tok, reads_ids=False) for m in members])
-        for objective in OBJECTIVES:
-            ensemble.objective, ensemble.coef = objective, run.uncertainty_coef
-            metrics[f"ensemble_{objective}"] = heldout(ensemble.score_texts)
-        metrics.update(metrics[f"ensemble_{run.reward_objective}"])
-        info = {"init": "shared" if cfg.shared_init else "seeded", "bootstrap": cfg.bootstrap, "seed": run.seed}
-        if is_main():
-            save_ensemble(rd.reward_model, members, tok, info)
-    else:
-        rm = members[0]
-        if len(members) > 1:  # WARM: one model whose weights are the members' mean
-            rm = average_weights(members, names)
-            metrics["norm_mean"], metrics["norm_std"] = set_normalization(rm, tok, ref["prompts"], ref["responses"])
-            metrics["warm_members"] = len(members)
-        metrics.update(heldout(scorer(rm, tok)))
-        rd.save_model(rd.reward_model, rm, tok)
-    if len(members) == 1:
-        metrics.update(histories[0])
-    metrics["config"] = {**asdict(cfg), **asdict(lora)}
-    rd.save_json(rd.reward_report, metrics)
-    return metrics
-
-
-stage_reward = writes_run_dir(train_reward)
+# 4. Reward model: reward_stage.py (one model, an ensemble or a WARM average) -------------------------------
 
 
 # 5. PPO ------------------------------------------------------------------------------------------------------
