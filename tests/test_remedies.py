@@ -298,3 +298,12 @@ def test_a_length_penalty_on_a_program_reward_is_refused(tmp_path):
     run = RunConfig(run_dir=str(tmp_path), task="arithmetic", length_penalty=0.1, progress=False, threads=1)
     with pytest.raises(UserError, match="program"):
         task_reward(run, run.start(), None, torch.device("cpu"))
+
+
+def test_resume_refuses_another_objective_or_length_penalty(run_copy, capsys):
+    out = run_copy
+    assert stage("ppo", out, *PPO_TINY, "--save_every", "1") == 0
+    capsys.readouterr()
+    assert stage("ppo", out, *PPO_TINY, "--steps", "3", "--resume", "--length_penalty", "0.1") == 2
+    assert "--length_penalty 0.1 (saved: 0.0)" in capsys.readouterr().err
+    assert stage("ppo", out, *PPO_TINY, "--steps", "3", "--resume") == 0

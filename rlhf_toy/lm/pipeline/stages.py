@@ -214,9 +214,10 @@ RESUMABLE_CHANGES = {"steps", "save_every", "eval_every", "eval_prompts"}  # the
 
 def run_settings(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig) -> dict[str, Any]:
     """Every setting that shapes a PPO run's steps, flat, as saved in its checkpoint."""
-    data = {
-        k: getattr(run, k) for k in ("task", "data", "judge", "seed", "max_train_pairs", "reward_fn", "reward_weights")
-    }
+    keys = ("task", "data", "judge", "seed", "max_train_pairs", "reward_fn", "reward_weights")
+    # how the reward model's scores become the reward (the model itself is checked by content: model_identity)
+    keys += ("reward_objective", "uncertainty_coef", "length_penalty")
+    data = {k: getattr(run, k) for k in keys}
     if run.checkable_task:  # its problems
         data.update(asdict(run.checkable))
     return {**data, **asdict(cfg), **ppo.to_dict()}
