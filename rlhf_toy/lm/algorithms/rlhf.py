@@ -174,9 +174,7 @@ def score_responses(reward_model, tok, s: Samples) -> Tensor:
 
 def describe(fn: Any) -> str:
     """A reward function or model as the user would recognize it in an error."""
-    if isinstance(fn, torch.nn.Module):
-        return f"the reward model ({type(fn).__name__})"
-    if isinstance(fn, (RewardModel, ScoredReward)):
+    if isinstance(fn, (torch.nn.Module, RewardModel, ScoredReward)):
         return f"the reward model ({type(fn).__name__})"
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     return f"the reward function {getattr(fn, '__module__', None) or '?'}.{name}"

@@ -102,6 +102,30 @@ class ScoredReward:
         return self
 
 
+class MemberScores:
+    """A `ScoredReward`'s member scores `[K, B]` of each set of replies, computed once: the reward stage scores its
+    held-out pairs for every member and every objective, `compare` ranks best-of-n's replies under every
+    objective and length penalty, each from the same member scores."""
+
+    def __init__(self, reward: ScoredReward) -> None:
+        self.reward = reward
+        self.seen: dict[tuple[tuple[str, ...], tuple[str, ...]], Tensor] = {}
+
+    def __call__(self, prompts: list[str], responses: list[str]) -> Tensor:
+        key = (tuple(prompts), tuple(responses))
+        if key not in self.seen:
+            self.seen[key] = self.reward.member_texts(prompts, responses)
+        return self.seen[key]
+
+    def member(self, i: int):
+        """Member i's scores `[B]` as a `(prompts, responses) -> Tensor` function."""
+        return lambda prompts, responses: self(prompts, responses)[i]
+
+    def under(self, objective: ScoredReward):
+        """The reward `[B]` under `objective` (the same members, another objective or length penalty)."""
+        return lambda prompts, responses: objective.objective_of(self(prompts, responses), responses)
+
+
 def is_ensemble(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / ENSEMBLE_FILE).is_file()
 

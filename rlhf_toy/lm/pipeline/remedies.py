@@ -4,7 +4,7 @@ model, and what the docs' table of remedies lists.
 A remedy is a change of what the policy optimizes (`reward_dir` + `objective` + `length_penalty`: the run's
 `RunConfig` fields) or of where the KL goes (`rl`: `RLHFConfig` fields). Remedies on the reward side also rank
 best-of-n. The reward models they need (an ensemble, a WARM average) are trained once per run directory
-(`reward_config`) and reused by every comparison.
+(`prepare_reward_models`, with the run's reward-stage settings: `member_config`) and reused by every comparison.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import Tensor
 from ..algorithms.reward import RewardConfig
 from ..data.tasks import Task
 from ..models.lora import LoraConfig
-from ..models.reward_ensemble import ScoredReward
+from ..models.reward_ensemble import MemberScores, ScoredReward
 from .evaluate import score_texts
 from .reward_stage import train_reward
 from .run import RunConfig
@@ -135,12 +135,12 @@ def prepare_reward_models(run: RunConfig, remedies: list[Remedy]) -> None:
 
 class RewardCache:
     """Each remedy's reward, every reward directory loaded once (objectives and length penalties share its
-    members), and the members' scores of one set of replies (best-of-n's sample) computed once."""
+    members, and their scores of a set of replies: `MemberScores`)."""
 
     def __init__(self, run: RunConfig, task: Task, tok, device) -> None:
         self.run, self.task, self.tok, self.device = run, task, tok, device
         self.loaded: dict[str, Any] = {}
-        self.member_scores: dict[str, Tensor] = {}
+        self.member_scores: dict[str, MemberScores] = {}
 
     def of(self, remedy: Remedy):
         """The reward a remedy optimizes (a `ScoredReward`, or the task's program)."""
@@ -154,14 +154,14 @@ class RewardCache:
         return replace(base, objective=r.reward_objective, coef=r.uncertainty_coef, length_penalty=r.length_penalty)
 
     def score_texts(self, remedy: Remedy, prompts: list[str], texts: list[str]) -> Tensor:
-        """The remedy's rewards `[B]` of one fixed set of replies (the members scored once per directory)."""
+        """The remedy's rewards `[B]` of replies (each reward directory's members score a set of replies once)."""
         reward = self.of(remedy)
         if not isinstance(reward, ScoredReward):
             return score_texts(reward, prompts, texts)
         key = remedy.run_config(self.run).reward_dir
         if key not in self.member_scores:
-            self.member_scores[key] = reward.member_texts(prompts, texts)
-        return reward.objective_of(self.member_scores[key], texts)
+            self.member_scores[key] = MemberScores(reward)
+        return self.member_scores[key].under(reward)(prompts, texts)
 
 
 # The lab's two comparisons (CompareConfig's defaults plus these differences, one level each).

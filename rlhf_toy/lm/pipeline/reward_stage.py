@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForSequenceClassification
 
 from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError
@@ -26,21 +25,22 @@ from ..algorithms.reward import (
 )
 from ..models.base import context_length, load_base, resolve_base_model
 from ..models.chat import check_fits, check_pairs_fit, check_tokenizer_matches, encode_prompts, load_tokenizer
-from ..models.checkpoints import from_pretrained
 from ..models.devices import autocast
 from ..models.layers import freeze_below
 from ..models.lora import LoraConfig, add_lora, lora_settings, merged_copy
 from ..models.reward_ensemble import (
     ENSEMBLE_FILE,
     OBJECTIVES,
+    MemberScores,
     ScoredReward,
     average_weights,
     is_ensemble,
+    load_scored_reward,
     member_dirs,
     save_ensemble,
     weights_digest,
 )
-from ..models.reward_model import RewardModel, reward_model_from, same_tokenizer, set_normalization, trunk_and_head
+from ..models.reward_model import RewardModel, reward_model_from, set_normalization, trunk_and_head
 from .run import RunConfig, writes_run_dir
 from .rundir import RunDir
 
@@ -106,19 +106,16 @@ def train_members(
 
 
 def load_members(path: Path) -> tuple[list[Any], Any, list[str]]:
-    """`(models, tokenizer, names)` of an ensemble directory's members, for `--warm_from`."""
+    """`(models, tokenizer, names)` of an ensemble directory's members (checked as every stage loads them: present,
+    one tokenizer), for `--warm_from`."""
     if not is_ensemble(path):
         raise UserError(
             f"--warm_from needs an ensemble directory (with {ENSEMBLE_FILE}), and {path} is not one; train it "
             "with reward --ensemble K --shared_init --reward_dir NAME"
         )
     dirs = member_dirs(path)
-    models = [from_pretrained(AutoModelForSequenceClassification, d, "ensemble member") for d in dirs]
-    toks = [load_tokenizer(d) for d in dirs]
-    for d, t in zip(dirs[1:], toks[1:]):
-        if not same_tokenizer(t, toks[0]):
-            raise UserError(f"ensemble member {d.name} of {path} has another tokenizer than {dirs[0].name}")
-    return models, toks[0], [d.name for d in dirs]
+    ensemble = load_scored_reward(path, load_tokenizer(dirs[0]), reads="text")
+    return [m.model for m in ensemble.members], ensemble.members[0].tok, [d.name for d in dirs]
 
 
 def train_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = None) -> dict[str, Any]:
@@ -156,13 +153,16 @@ def train_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = No
         names = [f"member_{i}" for i in range(len(members))]
     heldout = lambda score: heldout_metrics(rd, held_pairs, score)  # noqa: E731
     metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "reward_dir": str(rd.reward_model)}
+    ensemble = ScoredReward([RewardModel(m, tok, reads_ids=False) for m in members])
+    scores = MemberScores(ensemble)  # each held-out reply scored once by each member
     if len(members) > 1:  # each member's figures, then what they make together
-        metrics["members"] = [{"name": n, **h, **heldout(scorer(m, tok))} for n, m, h in zip(names, members, histories)]
+        metrics["members"] = [
+            {"name": n, **h, **heldout(scores.member(i))} for i, (n, h) in enumerate(zip(names, histories))
+        ]
     if cfg.ensemble > 1:
-        ensemble = ScoredReward([RewardModel(m, tok, reads_ids=False) for m in members])
         for objective in OBJECTIVES:
-            ensemble.objective, ensemble.coef = objective, run.uncertainty_coef
-            metrics[f"ensemble_{objective}"] = heldout(ensemble.score_texts)
+            under = replace(ensemble, objective=objective, coef=run.uncertainty_coef)
+            metrics[f"ensemble_{objective}"] = heldout(scores.under(under))
         metrics.update(metrics[f"ensemble_{run.reward_objective}"])
         info = {"init": "shared" if cfg.shared_init else "seeded", "bootstrap": cfg.bootstrap, "seed": run.seed}
         if is_main():
