@@ -7,6 +7,7 @@ as one `UserError` that names the field, the value and what would be valid.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import field
 from typing import Any
 
@@ -48,3 +49,13 @@ def parse_list(name: str, text: str, kind: type, wanted: str) -> list[Any]:
         values = None
     check(bool(values), name, text, f"comma-separated {wanted}")
     return values  # type: ignore[return-value]
+
+
+def parse_names(name: str, text: str, allowed: Iterable[str]) -> list[str]:
+    """Parse a comma-separated flag of names (`"ppo, grpo"`), each one of `allowed`; otherwise a `UserError`."""
+    allowed = list(allowed)
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    check(
+        bool(names) and all(n in allowed for n in names), name, text, f"comma-separated names from {', '.join(allowed)}"
+    )
+    return names

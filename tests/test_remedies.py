@@ -307,3 +307,10 @@ def test_resume_refuses_another_objective_or_length_penalty(run_copy, capsys):
     assert stage("ppo", out, *PPO_TINY, "--steps", "3", "--resume", "--length_penalty", "0.1") == 2
     assert "--length_penalty 0.1 (saved: 0.0)" in capsys.readouterr().err
     assert stage("ppo", out, *PPO_TINY, "--steps", "3", "--resume") == 0
+
+
+@pytest.mark.parametrize("remedies, message", [("nope", "names from none,"), ("none,none", "distinct names")])
+def test_bad_remedies_are_one_line(tmp_path, capsys, remedies, message):
+    assert stage("compare", tmp_path / "run", "--remedies", remedies) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rlhf_toy.config import check, check_seed, derived, option, parse_list
+from rlhf_toy.config import check, check_seed, derived, option, parse_list, parse_names
 from rlhf_toy.logging import read_jsonl
 
 from ..algorithms.dpo import DPOConfig
@@ -89,13 +89,7 @@ class CompareConfig:
     remedy_list: list[str] = derived()
 
     def __post_init__(self) -> None:
-        self.method_list = [m.strip() for m in self.methods.split(",") if m.strip()]
-        check(
-            bool(self.method_list) and all(m in METHODS for m in self.method_list),
-            "methods",
-            self.methods,
-            f"comma-separated names from {', '.join(METHODS)}",
-        )
+        self.method_list = parse_names("methods", self.methods, METHODS)
         self.seed_list = parse_list("seeds", self.seeds, int, "comma-separated integers")
         for seed in self.seed_list:
             check_seed(seed, "seeds")
@@ -113,13 +107,7 @@ class CompareConfig:
         check(self.eval_prompts >= 2, "eval_prompts", self.eval_prompts, ">= 2")
         self.betas = parse_list("kl_coef", self.kl_coef, float, "numbers >= 0") if self.kl_coef.strip() else [None]
         check(all(b is None or b >= 0 for b in self.betas), "kl_coef", self.kl_coef, "numbers >= 0, e.g. 0.1")
-        self.remedy_list = [r.strip() for r in self.remedies.split(",") if r.strip()]
-        check(
-            bool(self.remedy_list) and all(r in REMEDIES for r in self.remedy_list),
-            "remedies",
-            self.remedies,
-            f"comma-separated names from {', '.join(REMEDIES)}",
-        )
+        self.remedy_list = parse_names("remedies", self.remedies, REMEDIES)
         check(len(set(self.remedy_list)) == len(self.remedy_list), "remedies", self.remedies, "distinct names")
         check(self.learning_rate is None or self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
