@@ -35,3 +35,23 @@ def run_copy(run_dir, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run_dir, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium (the system's, through Playwright), shared by the page tests: the labeling page's and the
+    report's. A machine without it fails here with the install to make, rather than skipping the tests."""
+    from rlhf_toy.lm.labeling.browser import headless_chromium
+
+    with headless_chromium() as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def artifacts():
+    """Where the page tests save their screenshots (`$TEST_ARTIFACTS`, default ./test-artifacts)."""
+    from pathlib import Path
+
+    path = Path(os.environ.get("TEST_ARTIFACTS", "test-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path

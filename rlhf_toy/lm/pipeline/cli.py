@@ -26,6 +26,7 @@ from ..algorithms.reward import RewardConfig
 from ..algorithms.rlhf import RLHFConfig
 from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
+from ..labeling.command import LabelConfig, run_label
 from ..models.base import context_length
 from ..models.causal_lm import ModelConfig
 from ..models.chat import check_fits, encode_prompts
@@ -199,6 +200,12 @@ COMMANDS = {
         "Over-optimization on purpose: PPO long at a small beta, one reward model against each reward-side remedy; "
         "gold and proxy against sqrt(KL) (compare with the preset's defaults).",
         OVEROPTIMIZATION,
+    ),
+    "label": Command(
+        "Be the human in RLHF: a local web page shows a prompt and two replies of the run's policy; your choices "
+        "go to run_dir/human_preferences.jsonl, which 'reward --preferences_file' trains on.",
+        (RunConfig, LabelConfig),
+        run_label,
     ),
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
     "smollm2": Command(

@@ -23,6 +23,7 @@ from ..algorithms.reward import (
     split_pairs,
     train_reward_model,
 )
+from ..labeling.store import TIE_LABEL
 from ..models.base import context_length, load_base, resolve_base_model
 from ..models.chat import check_fits, check_pairs_fit, check_tokenizer_matches, encode_prompts, load_tokenizer
 from ..models.devices import autocast
@@ -69,8 +70,12 @@ def start_reward_model(run: RunConfig, cfg: RewardConfig, lora: LoraConfig):
 def heldout_metrics(rd: RunDir, held_pairs: dict[str, list] | None, score: Score) -> dict[str, Any]:
     """Held-out accuracy of `score`: on a user file's held-out pairs, or on the preferences stage's held-out
     groups (pairs of different gold, with the correlation to gold); empty when there is neither."""
-    if held_pairs is not None:
-        return {f"heldout_{k}": v for k, v in pair_accuracy(score, held_pairs).items()}
+    if held_pairs is not None:  # a tie (soft label 1/2, e.g. from `label`) has no right answer: not counted
+        labels = held_pairs.get("label") or [1.0] * len(held_pairs["prompt"])
+        decided = {c: [v for v, y in zip(col, labels) if y != TIE_LABEL] for c, col in held_pairs.items()}
+        if not decided["prompt"]:
+            return {}
+        return {f"heldout_{k}": v for k, v in pair_accuracy(score, decided).items()}
     held = rd.load_json(rd.preferences_eval)
     if held is None:
         return {}

@@ -35,6 +35,7 @@ from rlhf_toy.logging import read_jsonl
 
 from ..data.preferences import check_preferences
 from ..data.tasks import load_table
+from ..labeling.store import is_label_log, log_pairs
 from ..models.chat import load_tokenizer
 from ..models.checkpoints import load_causal_lm, save_model
 from ..models.lora import is_lora, load_lora
@@ -229,6 +230,8 @@ class RunDir:
 
     def load_preferences(self, preferences_file: str | None = None) -> dict[str, list]:
         """The preference pairs: the user's file if given, else the 'preferences' stage's dataset."""
+        if preferences_file and is_label_log(preferences_file):  # written by `label`: retractions applied
+            return log_pairs(preferences_file)
         if preferences_file:
             ds, where = load_table(preferences_file), preferences_file
         else:
