@@ -152,7 +152,7 @@ def _train_population(
     collector = RolloutCollector(envs, seeds[0])
     out = Path(cfg.out)
     clear_finished_run(out)
-    logger = MetricLogger(log_dir, tensorboard=cfg.tensorboard)
+    logger = MetricLogger(log_dir, report_to=cfg.trackers, project="cartpole")
     threshold = reward_threshold(cfg.env_id)
     trackers = [SolvedTracker(threshold, cfg.solved_window, t0) for _ in seeds]
     try:

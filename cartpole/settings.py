@@ -14,6 +14,7 @@ import numpy as np
 
 from rlhf_toy.config import SEED_LIMIT, check, check_seed, derived, option
 from rlhf_toy.errors import UserError
+from rlhf_toy.logging import trackers
 from rlhf_toy.ppo import PPOConfig
 
 from .rollout import Episode
@@ -63,12 +64,22 @@ class TrainConfig:
     )
     progress: bool = option("Show a progress bar.", True)
     tensorboard: bool = option("Also log to TensorBoard when it is installed.", True)
-    plot: bool = option("Save a learning-curve PNG at the end.", True)
+    report_to: str = option(
+        "Trackers besides metrics.jsonl: tensorboard, trackio (comma-separated), all or none (as transformers' "
+        "report_to; --tensorboard False drops TensorBoard).",
+        "tensorboard",
+    )
+    plot: bool = option("Save a learning-curve PNG and report.html at the end.", True)
 
     seed_list: list[int] | None = derived()
 
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        return tuple(t for t in trackers(self.report_to) if t != "tensorboard" or self.tensorboard)
+
     def __post_init__(self) -> None:
         check_seed(self.seed)
+        trackers(self.report_to)  # an unknown or missing tracker: one line now, not after training
         self.seed_list = parse_seeds(self.seeds) if self.seeds else None
         for name in (
             "total_steps",
@@ -179,7 +190,7 @@ def count_iterations(cfg: TrainConfig, ppo: PPOConfig) -> int:
 
 # What a finished run leaves in its --out: a new run into the same directory removes them before it logs a
 # line, so a kill early in the new run never leaves the old run's summary and checkpoints beside a new history.
-FINISHED_RUN_FILES = ("summary.json", "final.pt", "best.pt", "learning_curve.png")
+FINISHED_RUN_FILES = ("summary.json", "final.pt", "best.pt", "learning_curve.png", "report.html")
 
 
 def clear_finished_run(out: Path) -> None:

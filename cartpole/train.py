@@ -19,6 +19,7 @@ from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json, output_lock
 from rlhf_toy.logging import MetricLogger
 from rlhf_toy.ppo import PPOConfig, RolloutBatch, make_optimizer, ppo_update
+from rlhf_toy.report.page import write_report
 from rlhf_toy.seeding import seed_everything
 
 from .agent import MLPActorCritic, save_agent
@@ -76,8 +77,10 @@ def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainRes
     collector = RolloutCollector(envs, cfg.seed)
     out = Path(cfg.out)
     clear_finished_run(out)
-    logger = MetricLogger(out, tensorboard=cfg.tensorboard)
     meta = {"env_id": cfg.env_id, "train": asdict(cfg), "ppo": ppo.to_dict()}
+    preset = {**asdict(TrainConfig()), **CARTPOLE_PPO.to_dict()}  # what report.html compares the settings with
+    atomic_write_json(out / "settings.json", {"settings": {**asdict(cfg), **ppo.to_dict()}, "preset": preset})
+    logger = MetricLogger(out, report_to=cfg.trackers, project="cartpole", config=meta)
     solved = SolvedTracker(reward_threshold(cfg.env_id), cfg.solved_window, t0)
     best_eval, next_eval = -float("inf"), cfg.eval_every
     bar = tqdm(total=iterations * cfg.num_envs * cfg.n_steps, unit="step", disable=not cfg.progress, leave=False)
@@ -116,6 +119,9 @@ def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainRes
             row.update(
                 {
                     "charts/episodic_return": solved.mean(),
+                    "charts/episodic_length": float(np.mean([e.length for e in rollout.episodes]))
+                    if rollout.episodes
+                    else None,
                     "charts/episodes": len(solved.all_returns),
                     "charts/SPS": step / (time.perf_counter() - t0),
                 }
@@ -167,4 +173,5 @@ def _run_training(cfg: TrainConfig, ppo: PPOConfig, iterations: int) -> TrainRes
             out / "learning_curve.png",
             title=f"PPO on {cfg.env_id}, seed {cfg.seed}",
         )
+        write_report([out])
     return TrainResult(summary, agent, solved.all_returns, solved.all_steps)

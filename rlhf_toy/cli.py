@@ -21,12 +21,14 @@ class Command:
     """One subcommand: its help line, its config dataclasses, flag-default overrides, and its function.
 
     `defaults` is a dict of flag values, or a config instance (a preset) whose fields become the defaults.
+    `positional` names a list flag that the arguments before the first flag fill (`report A B` = `report --runs A B`).
     """
 
     help: str
     configs: tuple[type, ...]
     run: Callable[..., int | None]
     defaults: Any = None
+    positional: str | None = None
 
 
 @dataclass
@@ -52,7 +54,12 @@ def dispatch(prog: str, commands: dict[str, Command | Group], argv: Sequence[str
     cmd = commands[argv[0]]
     if isinstance(cmd, Group):
         return dispatch(f"{prog} {argv[0]}", cmd.commands, argv[1:])
-    configs = parse_configs(cmd.configs, argv[1:], prog=f"{prog} {argv[0]}", help=cmd.help, defaults=cmd.defaults)
+    args = argv[1:]
+    if cmd.positional:  # the arguments before the first flag are the positional list's values
+        bare = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
+        if bare:
+            args = [f"--{cmd.positional}", *args]
+    configs = parse_configs(cmd.configs, args, prog=f"{prog} {argv[0]}", help=cmd.help, defaults=cmd.defaults)
     return int(cmd.run(*configs) or 0)
 
 

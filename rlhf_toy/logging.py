@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -14,9 +15,33 @@ import numpy as np
 from .errors import UserError
 from .io import atomic_write, atomic_write_text
 
+TRACKERS = ("tensorboard", "trackio")
+
+
+def trackers(report_to: str) -> tuple[str, ...]:
+    """The trackers a `--report_to` names, as transformers' `report_to`: a comma-separated list of tensorboard and
+    trackio, `all` (each one that is installed) or `none`. JSONL is always written."""
+    names = [n.strip() for n in report_to.split(",") if n.strip()]
+    if names in (["none"], []):
+        return ()
+    if names == ["all"]:
+        return tuple(t for t in TRACKERS if importlib.util.find_spec(t))
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise UserError(
+            f"--report_to {report_to!r}: {unknown[0]!r} is not a tracker; use {', '.join(TRACKERS)}, all or none"
+        )
+    if "trackio" in names and importlib.util.find_spec("trackio") is None:
+        raise UserError(
+            "--report_to trackio needs the trackio package: pip install -e '.[trackio]' (or pip install trackio)"
+        )
+    return tuple(dict.fromkeys(names))
+
 
 class MetricLogger:
-    """Append one JSON object per step to `metrics.jsonl` (and scalars to TensorBoard if available).
+    """Append one JSON object per step to `metrics.jsonl` (or `filename`), and the scalars to each tracker of
+    `report_to`: TensorBoard (under `tb/`, when installed) and Trackio (local-first: its SQLite store under
+    `$TRACKIO_DIR`, browsed with `trackio show`).
 
     Keys are namespaced like CleanRL's (`charts/episodic_return`, `losses/approx_kl`, ...).
     """
@@ -24,41 +49,56 @@ class MetricLogger:
     def __init__(
         self,
         out_dir: str | os.PathLike[str],
-        tensorboard: bool = True,
+        report_to: Sequence[str] = ("tensorboard",),
         history: list[dict[str, Any]] | None = None,
         enabled: bool = True,
+        filename: str = "metrics.jsonl",
+        project: str = "rlhf-toy",
+        config: dict[str, Any] | None = None,
     ) -> None:
-        """Start `metrics.jsonl` with the rows of `history` (a resumed run's rows up to its checkpoint), written
+        """Start the file with the rows of `history` (a resumed run's rows up to its checkpoint), written
         atomically before anything else, then append: a kill at any moment leaves the previous file or the kept
         rows plus whole new lines (at most a partial last line, which readers drop), never an empty history.
-        `enabled=False` writes nothing (a data-parallel rank other than 0)."""
+        `enabled=False` writes nothing (a data-parallel rank other than 0). A Trackio run is named after the
+        output directory and resumed when one of that name exists (`project`, `config`: its project and settings)."""
         self.enabled = enabled
-        self._tb = None
+        self._tb: Any = None
+        self._trackio: Any = None
         if not enabled:
             return
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.out_dir / "metrics.jsonl"
+        self.path = self.out_dir / filename
         atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in history or []))
         self._file = self.path.open("a")
-        self._tb = None
-        if tensorboard:
+        if "tensorboard" in report_to:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # needs the optional tensorboard package
 
                 self._tb = SummaryWriter(str(self.out_dir / "tb"))
             except ImportError:
                 self._tb = None
+        if "trackio" in report_to:
+            import trackio  # the optional trackio extra (trackers() checked that it is installed)
+
+            name = str(self.out_dir.resolve())
+            self._trackio = trackio.init(project=project, name=name, config=config, resume="allow")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
+        scalars = {
+            k: v
+            for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v)
+        }
         if self._tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+        if self._trackio is not None:
+            self._trackio.log(scalars, step=step)
 
     def flush(self) -> None:
         """Put every row logged so far on disk (fsync): called before each checkpoint, so a run killed after
@@ -76,6 +116,8 @@ class MetricLogger:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._trackio is not None:
+            self._trackio.finish()
 
 
 def _plain(v: Any) -> Any:
@@ -126,7 +168,7 @@ def plt_module() -> Any:
     return plt
 
 
-def moving_average(x: Sequence[float], window: int) -> np.ndarray:
+def moving_average(x: Sequence[float] | np.ndarray, window: int) -> np.ndarray:
     """Trailing mean over up to `window` points (fewer at the start): `[n] -> [n]`."""
     x = np.asarray(x, dtype=float)
     if len(x) == 0:

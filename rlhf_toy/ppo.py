@@ -288,6 +288,7 @@ def ppo_update(
     if n % group_size:
         raise ValueError(f"a batch of {n} samples is not made of whole groups of {group_size}")
     stats: dict[str, list[Tensor]] = {k: [] for k in STAT_KEYS}
+    norms: list[Tensor] = []
     early_stop, epochs_done = False, 0
     for epoch in range(cfg.n_epochs):
         for idx in shuffled_minibatches(n, cfg.minibatch_size, generator, group_size):
@@ -306,15 +307,14 @@ def ppo_update(
                 raise NonFiniteUpdate(f"the loss is {loss.item()} (epoch {epoch + 1}); nothing was updated on it")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if cfg.max_grad_norm is not None:
-                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                if not bool(torch.isfinite(norm)):
-                    raise NonFiniteUpdate(
-                        f"the gradient norm is {norm.item()} (epoch {epoch + 1}); nothing was updated"
-                    )
+            # The global norm before clipping (clipping to infinity scales nothing): a diagnostic either way.
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
+            if not bool(torch.isfinite(norm)):
+                raise NonFiniteUpdate(f"the gradient norm is {norm.item()} (epoch {epoch + 1}); nothing was updated")
             optimizer.step()
             for k in STAT_KEYS:
                 stats[k].append(parts[k].detach())
+            norms.append(norm.detach())
         if early_stop:
             break
         epochs_done += 1
@@ -327,5 +327,6 @@ def ppo_update(
         epochs=float(epochs_done),
         early_stop=float(early_stop),
         gradient_steps=float(len(stats["policy_loss"])),
+        grad_norm=torch.stack(norms).mean().item() if norms else float("nan"),
     )
     return out

@@ -11,3 +11,8 @@ def prompt_overlap(prompt, response):
 
 def broken(text):
     return "very good"
+
+
+def constant(text):
+    """A gold judge that likes nothing better than anything else."""
+    return 0.0

@@ -19,7 +19,7 @@ def test_a_kill_right_after_a_resume_keeps_the_kept_rows(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     code = (
         "import os, sys; from rlhf_toy.logging import MetricLogger;"
-        f"log = MetricLogger(sys.argv[1], tensorboard=False, history={rows[:3]!r});"
+        f"log = MetricLogger(sys.argv[1], report_to=(), history={rows[:3]!r});"
         "log.log(4, {'x': 40.0}); os._exit(0)"  # killed: no flush, no close
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=ENV, timeout=60)

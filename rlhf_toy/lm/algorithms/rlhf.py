@@ -26,6 +26,7 @@ from rlhf_toy.losses import KL_ESTIMATORS
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 
+from ..data.text import distinct_2
 from ..models.base import context_length
 from ..models.causal_lm import response_logprobs
 from ..models.chat import encode_prompts
@@ -37,6 +38,8 @@ from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
+
+SAMPLES_KEPT = 5  # replies of each step kept with their figures (`last_samples`: the report's table)
 
 
 def lm_ppo_config(**overrides: Any) -> PPOConfig:
@@ -368,7 +371,7 @@ class RLHFTrainer:
         self.prompt_generator = torch.Generator().manual_seed(seed)
         self.update_generator = torch.Generator().manual_seed(seed + 1)
         self.stopped_by_kl_limit = False
-        self.last_samples: list[dict[str, str]] = []
+        self.last_samples: list[dict[str, Any]] = []
 
     def next_prompts(self) -> list[str]:
         """batch_size / group_size distinct prompts, each repeated group_size times in a row."""
@@ -444,7 +447,20 @@ class RLHFTrainer:
         ma = self.kl_average.add(mean_across_ranks({"kl": seq_kl.mean().item()})["kl"])
         self.stopped_by_kl_limit = self.cfg.kl_limit is not None and ma > self.cfg.kl_limit
         stats = {} if self.stopped_by_kl_limit else self._update(exp, beta)
-        self.last_samples = [{"prompt": p, "response": r} for p, r in list(zip(prompts, exp.texts))[:5]]
+        gold = self.judge(prompts, exp.texts) if self.judge is not None else None
+        # A few of the step's replies with what was measured of each (the run's report shows them by step).
+        lengths = mask.sum(1)
+        self.last_samples = [
+            {
+                "prompt": prompts[i],
+                "response": exp.texts[i],
+                "score": exp.scores[i].item(),
+                "gold": None if gold is None else float(gold[i]),
+                "kl": seq_kl[i].item(),
+                "tokens": int(lengths[i].item()),
+            }
+            for i in range(min(SAMPLES_KEPT, len(prompts)))
+        ]
         self.step_count += 1
         # Namespaced as CleanRL's and TRL's logs: objective/ (what is optimized), policy/ (what the policy does),
         # ppo/ (the update's diagnostics), sampling/ (grouped algorithms: groups of equal rewards), time/.
@@ -457,13 +473,15 @@ class RLHFTrainer:
             "policy/entropy": masked_mean(exp.entropy, mask).item(),
             "policy/response_length": mask.sum(1).mean().item(),
             "policy/eos_rate": exp.eos.float().mean().item(),
+            "policy/distinct_2": distinct_2(exp.texts),
             **{f"ppo/{k}": v for k, v in stats.items()},
             **{f"sampling/{k}": v for k, v in exp.sampling.items()},
             "time/rollout_s": t_rollout,
             "time/step_s": time.perf_counter() - t0,
         }
-        if self.judge is not None:
-            metrics["objective/gold"] = float(np.mean(self.judge(prompts, exp.texts)))
+        metrics["time/episodes_per_s"] = len(prompts) / metrics["time/step_s"]
+        if gold is not None:
+            metrics["objective/gold"] = float(np.mean(gold))
         self.last_local_metrics = dict(metrics)  # this rank's own figures, before averaging
         metrics = mean_across_ranks(metrics)
         check_in_sync(self.policy)  # DDP keeps the ranks' weights identical; a cheap check that it did

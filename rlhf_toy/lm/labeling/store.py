@@ -172,7 +172,7 @@ class LabelLog:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._lock = FileLock(str(self.path) + ".lock", thread_local=False)
+        self._lock = FileLock(str(self.path.with_name(f".{self.path.name}.lock")), thread_local=False)
 
     def open(self) -> LabelState:
         """Create the file if needed, cut a partial last line a kill left (with a notice), and read it."""

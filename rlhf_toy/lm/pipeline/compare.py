@@ -4,8 +4,8 @@ From one run's SFT model and reward model (stages 1-4), each method trains over 
 budget (the same number of sampled episodes for every online method; DPO reads the preference pairs), then each
 policy is evaluated on the held-out prompts (gold, reward-model score, KL to the reference, on-topic rate,
 distinct-2, words) beside best-of-n from the SFT model, with Gao et al.'s fits (`frontier.py`; on a checkable
-task, accuracy against episodes: `reasoning.py`). Outputs: run_dir/compare.md, compare.json, compare.png (`--name`
-picks another stem).
+task, accuracy against episodes: `reasoning.py`). Outputs: run_dir/compare.md, compare.json, compare.png,
+compare_report.html (every run's curves and alarms; `--name` picks another stem).
 
 Remedies against over-optimization (`--remedies`, the records of `remedies.py`: reward-model ensembles under
 three objectives, WARM, a length penalty, the KL as a loss term) make each online method one variant per remedy
@@ -20,10 +20,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from rlhf_toy.config import check, check_seed, derived, option, parse_list, parse_names
+from rlhf_toy.distributed import is_main
 from rlhf_toy.logging import read_jsonl
+from rlhf_toy.report.page import write_report
 
 from ..algorithms.dpo import DPOConfig
 from ..algorithms.online import ALGORITHMS, OFFLINE_LABELS
@@ -210,6 +213,7 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
             scores = rewards.score_texts(remedy, [p for p in prompts for _ in range(max(cfg.best_of_ns))], texts)
             bon[remedy.name] = best_of_n_rows(task, prompts, texts, scores, cfg.best_of_ns, label)
     results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in runs}
+    policy_dirs: list[Path] = []  # every online run, for the comparison's report page
     curves: dict[str, list[list[dict[str, Any]]]] = {v.name: [] for v in runs}
     for seed in cfg.seed_list:
         for v in runs:
@@ -220,6 +224,7 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
                 rl, preset = online_settings(v.method, v.beta, cfg, task.checkable, v.remedy.rl)
                 summary = stage_ppo(seeded, rl, preset, ResumeConfig(policy_dir=name), None, v.method)
                 curves[v.name].append(read_jsonl(rd.policy_dir(name).metrics))
+                policy_dirs.append(rd.policy_dir(name).path)
             else:
                 summary = stage_dpo(seeded, DPOConfig(), DPODirConfig(name))
             wall = time.perf_counter() - t0
@@ -244,6 +249,8 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
     }
     rd.save_json(rd.report(f"{cfg.name}.json"), report)
     rd.save_text(rd.report(f"{cfg.name}.md"), report["table"])
+    if policy_dirs and is_main():  # every run's curves overlaid, with each one's alarms
+        write_report(policy_dirs, rd.report(f"{cfg.name}_report.html"))
     if task.checkable:
         plot_accuracy(report, rd.report(f"{cfg.name}.png"))
     else:

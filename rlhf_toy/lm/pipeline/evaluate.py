@@ -22,20 +22,9 @@ from rlhf_toy.logging import markdown_table
 
 from ..algorithms.kl import per_token_kl
 from ..data.tasks import Task
+from ..data.text import distinct_2, repetition_rate
 from ..models.causal_lm import response_logprobs
 from ..models.sampling import sample
-
-
-def distinct_2(texts: list[str]) -> float:
-    """Unique word bigrams / all word bigrams across the responses."""
-    bigrams = [tuple(w[i : i + 2]) for t in texts for w in [t.split()] for i in range(len(w) - 1)]
-    return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
-
-
-def repetition_rate(texts: list[str]) -> float:
-    """Mean share of words in a response that repeat an earlier word of the same response."""
-    rates = [1 - len(set(w)) / len(w) for t in texts for w in [t.lower().split()] if w]
-    return float(np.mean(rates)) if rates else 0.0
 
 
 def text_metrics(task: Task, prompts: list[str], texts: list[str], rm_scores: list[float]) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class PolicyDir:
             root / "samples.json",
             root / "summary.json",
         )
+        self.sample_log, self.report = root / "samples.jsonl", root / "report.html"  # the report's replies; report
 
     def lock(self):
         """Only one process writes a policy directory at a time (a second one gets a one-line error); under torchrun
@@ -133,6 +134,12 @@ class PolicyDir:
         if not self.metrics.is_file():
             return []
         return [r for r in read_jsonl(self.metrics, partial_last_line_ok=True) if r.get("step", 0) <= upto]
+
+    def load_samples(self, upto: int) -> list[dict[str, Any]]:
+        """The report's sampled replies up to step `upto` (a resumed run keeps those of its checkpoint)."""
+        if not self.sample_log.is_file():
+            return []
+        return [r for r in read_jsonl(self.sample_log, partial_last_line_ok=True) if r.get("step", 0) <= upto]
 
     def load_policy(self, name: str):
         """`(policy model, tokenizer)` for evaluation; `name` names it in errors."""

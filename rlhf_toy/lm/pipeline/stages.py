@@ -21,8 +21,9 @@ from rlhf_toy.config import check, derived, option, parse_list
 from rlhf_toy.distributed import barrier, is_main, rank_and_world
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import folder_digest
-from rlhf_toy.logging import MetricLogger, plt_module, save_figure
+from rlhf_toy.logging import MetricLogger, plt_module, save_figure, trackers
 from rlhf_toy.ppo import PPOConfig
+from rlhf_toy.report.page import write_report
 
 from ..algorithms.dpo import DPOConfig, train_dpo
 from ..algorithms.dpo import pairs_from_groups as dpo_pairs_from_groups
@@ -185,11 +186,29 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
 
 @dataclass
 class ResumeConfig:
+    """Where a policy run's output goes, how it is reported, and whether it resumes."""
+
     resume: bool = option("Continue from the policy directory's last checkpoint.", False)
     policy_dir: str | None = option(
         "Output directory: a path, or a bare name for run_dir/NAME (default: run_dir/ALGORITHM, e.g. run_dir/ppo).",
         None,
     )
+    report_every: int = option(
+        "Rebuild the run's report.html (curves, samples, alarms) every this many steps while it trains, and "
+        "keep the step's sampled replies for it (0: only at the end).",
+        25,
+    )
+    report_to: str = option(
+        "Trackers besides metrics.jsonl: tensorboard, trackio (comma-separated), all or none (as transformers' "
+        "report_to).",
+        "tensorboard",
+    )
+
+    trackers: tuple[str, ...] = derived()
+
+    def __post_init__(self) -> None:
+        check(self.report_every >= 0, "report_every", self.report_every, ">= 0 (0: only at the end)")
+        self.trackers = trackers(self.report_to)  # an unknown or missing tracker: one line now
 
 
 def plot_ppo_curves(rows: list[dict[str, Any]], path) -> None:
@@ -221,6 +240,12 @@ def run_settings(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig) -> dict[str, A
     if run.checkable_task:  # its problems
         data.update(asdict(run.checkable))
     return {**data, **asdict(cfg), **ppo.to_dict()}
+
+
+def command_defaults(algorithm: str) -> dict[str, Any]:
+    """The settings an algorithm's command runs with when no flag is given: what a report compares a run's
+    settings with (the dataclasses' defaults and the algorithm's preset, one level)."""
+    return {**run_settings(RunConfig(), RLHFConfig(), PPOConfig()), **get_algorithm(algorithm).defaults}
 
 
 def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> None:
@@ -287,7 +312,7 @@ def stage_ppo(
     run: RunConfig,
     cfg: RLHFConfig,
     ppo: PPOConfig,
-    resume: ResumeConfig,
+    where: ResumeConfig,
     lora: LoraConfig | None = None,
     algorithm: str = "ppo",
 ) -> dict[str, Any]:
@@ -298,13 +323,13 @@ def stage_ppo(
     get_algorithm(algorithm).check(cfg, ppo)
     lora = lora_settings(lora)
     device = run.torch_device
-    out = rd.policy_dir(resume.policy_dir or algorithm)
+    out = rd.policy_dir(where.policy_dir or algorithm)
     settings = {**run_settings(run, cfg, ppo), **asdict(lora), "algorithm": algorithm}
     with out.lock(), rd.reading():
         out.check_kind(algorithm)
         identity = model_identity(rd, reward_model=task.reward is None)
         state = None
-        if resume.resume:
+        if where.resume:
             model, tok, state = out.load_checkpoint(lambda: rd.load_sft(device) if lora.enabled else None)
             check_resume_identity(state.get("models"), identity, rd)
             check_resume_settings(state.get("settings", {}), settings)
@@ -332,10 +357,26 @@ def stage_ppo(
         def checkpoint() -> None:
             state = trainer.state()  # every rank: it gathers the ranks' RNG states
             logger.flush()  # first the history, so a kill right after the checkpoint leaves no hole in it
+            samples_log.flush()
             out.save_checkpoint(trainer.policy.lm, trainer.tok, {**state, "settings": settings, "models": identity})
             barrier()
 
-        logger = MetricLogger(out.path, tensorboard=True, history=rows, enabled=is_main())
+        def report() -> None:
+            """The step's replies into samples.jsonl (once per step), and report.html rebuilt from the files."""
+            if trainer.last_samples and trainer.step_count > reported[-1]:
+                samples_log.log(trainer.step_count, {"samples": trainer.last_samples})
+                reported.append(trainer.step_count)
+            if is_main():
+                logger.flush()
+                samples_log.flush()
+                write_report([out.path])
+
+        rd.save_json(out.path / "settings.json", {"settings": settings, "preset": command_defaults(algorithm)})
+        config = {"settings": settings, "run_dir": str(rd.path)}
+        logger = MetricLogger(out.path, where.trackers, rows, enabled=is_main(), config=config)
+        kept = out.load_samples(upto=trainer.step_count) if state is not None else []
+        samples_log = MetricLogger(out.path, (), kept, enabled=is_main(), filename=out.sample_log.name)
+        reported = [kept[-1]["step"] if kept else 0]
         held_out = task.eval_prompts[: cfg.eval_prompts]
         evaluate = lambda: float(  # noqa: E731  greedy: draws no random numbers, so the run is the same without it
             np.mean(greedy_accuracy(trainer.policy.lm, tok, task, held_out, cfg.max_new_tokens))
@@ -366,12 +407,16 @@ def stage_ppo(
                     kl=f"{m['objective/kl']:.2f}",
                     refresh=False,
                 )
+                if trainer.step_count == 1 or (where.report_every and trainer.step_count % where.report_every == 0):
+                    report()
                 if cfg.save_every and trainer.step_count % cfg.save_every == 0:
                     checkpoint()
+            report()  # the last step's replies, unless just reported, and the report at the end
             checkpoint()
         finally:
             bar.close()
             logger.close()
+            samples_log.close()
         out.save_policy(trainer.policy.lm, trainer.tok)
         rd.save_json(out.samples, trainer.last_samples)
         if rows and is_main():

@@ -1,0 +1,245 @@
+"""The run report (issue 26): each alarm's detector on hand-built curves and on real runs built to trigger it, the
+page in headless Chromium (no console error, the alarms shown), trackers, the command and its bad input."""
+
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlhf_toy.errors import UserError
+from rlhf_toy.logging import MetricLogger, trackers
+from rlhf_toy.report.alarms import ALARMS, raised, window
+from rlhf_toy.report.page import RunRecord, render, write_report
+from tests.helpers import stage
+
+DATA = Path(__file__).parent / "data"
+
+
+def rows_of(n=100, seed=0, **curves):
+    """`n` logged steps; each keyword is a function of the step (0..n-1) giving that key's value, plus small noise."""
+    rng = random.Random(seed)
+    return [{"step": t + 1, **{k.replace("__", "/"): f(t) + rng.gauss(0, 0.01) for k, f in curves.items()}}
+            for t in range(n)]  # fmt: skip
+
+
+def names(rows):
+    return {a.name for a in raised(rows)}
+
+
+CALM = dict(
+    objective__score=lambda t: min(1.0, t / 30),
+    objective__gold=lambda t: min(0.8, t / 35),
+    objective__kl=lambda t: min(2.0, t / 20),
+    policy__entropy=lambda t: 0.5 - 0.001 * t,
+    policy__response_length=lambda t: 15.0,
+    policy__eos_rate=lambda t: 1.0,
+    policy__distinct_2=lambda t: 0.3,
+    ppo__clip_fraction=lambda t: 0.02,
+    ppo__approx_kl=lambda t: 0.002,
+    ppo__value_loss=lambda t: 0.3 / (1 + t / 10),
+    ppo__explained_variance=lambda t: min(0.8, t / 50),
+)
+
+
+def test_a_calm_run_raises_nothing():
+    assert names(rows_of(**CALM)) == set()
+
+
+@pytest.mark.parametrize(
+    "alarm, change",
+    [
+        ("negative-kl", {"objective__kl": lambda t: -0.05}),
+        ("entropy-collapse", {"policy__entropy": lambda t: 0.5 if t < 30 else 0.05}),
+        ("length-exploitation", {"policy__response_length": lambda t: 15 + 0.2 * t, "objective__gold": lambda t: 0.3}),
+        ("truncation", {"policy__eos_rate": lambda t: 1.0 if t < 40 else 0.6}),
+        ("repetition", {"policy__distinct_2": lambda t: 0.3 if t < 40 else 0.1}),
+        ("update-spike", {"ppo__clip_fraction": lambda t: 0.6 if t == 50 else 0.02}),
+        ("value-divergence", {"ppo__value_loss": lambda t: 0.1 * 1.1**t, "ppo__explained_variance": lambda t: -0.5}),
+        ("equal-groups", {"sampling__equal_groups": lambda t: 0.2 if t < 50 else 0.8}),
+    ],
+)
+def test_each_alarm_fires_on_its_curve_and_only_then(alarm, change):
+    assert alarm in names(rows_of(**{**CALM, **change}))
+    assert alarm not in names(rows_of(**CALM))
+
+
+def test_non_finite_values_fire_except_where_nan_means_not_applicable():
+    rows = rows_of(**CALM)
+    rows[10]["ppo/clip_range"] = math.nan  # no clipping configured
+    rows[11]["ppo/explained_variance"] = math.nan  # returns that did not vary
+    assert "non-finite" not in names(rows)
+    rows[60]["ppo/value_loss"] = math.inf
+    found = [a for a in raised(rows) if a.name == "non-finite"]
+    assert found and found[0].step == 61 and "ppo/value_loss" in found[0].detail
+
+
+def test_overoptimization_fires_after_gold_turns_down_not_before():
+    peak = 60
+    rows = rows_of(
+        n=150,
+        objective__score=lambda t: t / 50,  # the proxy keeps rising
+        objective__gold=lambda t: 0.4 + 0.005 * min(t, peak) - 0.02 * max(0, t - peak),  # turns down at step 61
+    )
+    (a,) = [a for a in raised(rows) if a.name == "overoptimization"]
+    assert peak + 1 <= a.step <= peak + 1 + window(150)
+    flat = rows_of(n=150, objective__score=lambda t: t / 50, objective__gold=lambda t: 0.4 + 0.005 * min(t, peak))
+    assert "overoptimization" not in names(flat)  # a plateau's wobble is not a fall
+
+
+def test_the_recorded_overoptimization_run_fires_within_a_window_of_golds_turn():
+    """A real log: the over-optimization preset's run (`overoptimization --remedies none`: PPO at beta 0.003 on the
+    toy run). The alarm fires after gold's moving average turns down, within one window of the turn, and gold does
+    fall on: by more than 0.2 below the peak while the reward model's score keeps rising."""
+    from rlhf_toy.logging import moving_average
+
+    rows = RunRecord.load(DATA / "overopt_run").rows
+    (a,) = [a for a in raised(rows) if a.name == "overoptimization"]
+    w = window(len(rows))
+    steps = [r["step"] for r in rows]
+    gold = moving_average([r["objective/gold"] for r in rows], w)
+    proxy = moving_average([r["objective/score"] for r in rows], w)
+    at = steps.index(a.step)
+    turn = int(gold[: at + 1].argmax())
+    assert turn < at <= turn + w, (steps[turn], a.step, w)
+    later = slice(at, at + 4 * w)
+    assert gold[later].min() < gold[turn] - 0.2 and proxy[later].max() > proxy[turn] + 0.3
+
+
+def test_the_recorded_default_toy_run_raises_no_alarm():
+    """A real log: the toy run's default PPO (`rlhf-toy ppo`, 200 steps)."""
+    assert raised(RunRecord.load(DATA / "default_run").rows) == []
+
+
+def test_every_alarm_has_an_explanation_section():
+    page = (Path(__file__).parents[1] / "docs/explanations/reading-a-run.md").read_text()
+    for a in ALARMS:
+        assert f'id="{a.name}"' in page or f"{{#{a.name}}}" in page, a.name
+
+
+# Trackers.
+def test_report_to_follows_transformers_convention():
+    assert trackers("none") == () and trackers("tensorboard") == ("tensorboard",)
+    assert set(trackers("all")) <= {"tensorboard", "trackio"}
+    with pytest.raises(UserError, match="'wandb' is not a tracker"):
+        trackers("wandb")
+
+
+def test_trackio_receives_every_scalar(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    log = MetricLogger(tmp_path / "run", report_to=("trackio",), project="rlhf-toy-test")
+    for step in range(1, 4):
+        log.log(step, {"objective/score": step / 10, "note": "text is not a scalar"})
+    log.close()
+    assert (tmp_path / "trackio" / "rlhf-toy-test.db").is_file()
+
+
+# The page and the command.
+@pytest.fixture(scope="module")
+def alarm_runs(run_dir, tmp_path_factory):
+    """Real tiny runs: the standard one, one with a high learning rate and no KL (its entropy collapses, an update
+    spikes, replies repeat), one whose gold judge likes nothing (replies grow, gold does not), and GRPO on a
+    constant reward (every group equal)."""
+    root = tmp_path_factory.mktemp("alarms")
+    shutil.copytree(run_dir, root / "run")
+    run = root / "run"
+    fast = ["--batch_size", "8", "--minibatch_size", "4", "--max_new_tokens", "32", "--report_every", "10"]
+    runs = {
+        "standard": ["--steps", "10", "--judge", "tests.judges:length"],
+        "collapse": ["--steps", "30", "--learning_rate", "2e-2", "--kl_coef", "0", "--judge", "tests.judges:length"],
+        "length": ["--steps", "40", "--learning_rate", "3e-3", "--kl_coef", "0", "--judge", "tests.judges:constant"],
+    }
+    for name, flags in runs.items():
+        assert stage("ppo", run, *fast, *flags, "--policy_dir", name) == 0, name
+    grpo = ["--steps", "6", "--reward_fn", "tests.reward_fns:constant", "--policy_dir", "equal"]
+    assert stage("grpo", run, *fast, *grpo) == 0
+    return run
+
+
+@pytest.mark.integration
+def test_real_runs_built_to_trigger_alarms_raise_them(alarm_runs):
+    found = {d: names(RunRecord.load(alarm_runs / d).rows) for d in ("standard", "collapse", "length", "equal")}
+    assert found["standard"] <= {"truncation"}  # the tiny model's 64-token context cuts 30-40% of its replies
+    assert {"entropy-collapse", "update-spike", "repetition"} <= found["collapse"]
+    assert "length-exploitation" in found["length"]
+    assert "equal-groups" in found["equal"]
+    for d in found:  # the report was written while training, with sampled replies by step
+        assert (alarm_runs / d / "report.html").is_file()
+    samples = RunRecord.load(alarm_runs / "standard").samples
+    assert [s["step"] for s in samples] == [1, 10]
+    assert set(samples[0]["samples"][0]) == {"prompt", "response", "score", "gold", "kl", "tokens"}
+
+
+@pytest.mark.integration
+def test_the_report_page_renders_its_alarms_in_a_browser(alarm_runs, browser, artifacts, capsys):
+    from rlhf_toy.errors import run_cli
+    from rlhf_toy.lm.pipeline.cli import main
+
+    assert run_cli(main, ["report", str(alarm_runs / "collapse")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes"] < 5e6
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    problems = []
+    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto((alarm_runs / "collapse" / "report.html").as_uri())
+    shown = page.eval_on_selector_all(".alarm", "els => els.map(e => e.dataset.alarm)")
+    assert {"entropy-collapse", "update-spike", "repetition"} <= set(shown)
+    assert page.locator(".chart canvas").count() >= 10  # uPlot drew the curves
+    page.fill("#search", "zzz-no-such-reply")
+    assert page.eval_on_selector_all("#samples tbody tr", "rs => rs.filter(r => !r.hidden).length") == 0
+    page.fill("#search", "")
+    assert page.eval_on_selector_all("#samples tbody tr", "rs => rs.filter(r => !r.hidden).length") > 0
+    page.screenshot(path=str(artifacts / "report-page.png"), full_page=True)
+    assert not problems, problems
+
+
+@pytest.mark.integration
+def test_several_runs_overlay_and_a_run_directory_collects_its_runs(alarm_runs, browser):
+    path = write_report([alarm_runs])  # the run directory: every policy run in it, overlaid
+    page = browser.new_page()
+    page.goto(path.as_uri())
+    assert page.eval_on_selector_all(".calm, .alarm", "els => new Set(els.map(e => e.dataset.run)).size") == 4
+    legend = page.text_content(".chart")
+    assert "standard:" in legend and "collapse:" in legend
+
+
+def test_report_bad_input_is_one_line(tmp_path, capsys):
+    from rlhf_toy.errors import run_cli
+    from rlhf_toy.lm.pipeline.cli import main
+
+    assert run_cli(main, ["report", str(tmp_path / "nowhere")]) == 2
+    assert "no run in" in capsys.readouterr().err
+    assert run_cli(main, ["report"]) == 2
+    assert "runs must be at least one run directory" in capsys.readouterr().err
+    for flags, message in (
+        (["--report_to", "wandb"], "'wandb' is not a tracker; use tensorboard, trackio, all or none"),
+        (["--report_every", "-1"], "report_every must be >= 0"),
+    ):
+        assert run_cli(main, ["ppo", "--run_dir", str(tmp_path / "r"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and message in err
+        assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_the_page_is_self_contained():
+    html = render([RunRecord("r", Path("r"), rows_of(**CALM))], "r")
+    assert "<script src" not in html and '<link rel="stylesheet"' not in html and "fetch(" not in html
+    assert '"objective/score"' in html  # the data is inlined
+
+
+@pytest.mark.integration
+def test_cartpole_writes_its_report(tmp_path, capsys):
+    from cartpole.cli import main
+    from rlhf_toy.errors import run_cli
+
+    out = tmp_path / "cp"
+    args = ["train", "--seed", "0", "--total_steps", "4096", "--out", str(out), "--progress", "False"]
+    assert run_cli(main, args) == 0
+    assert (out / "report.html").is_file() and (out / "settings.json").is_file()
+    rows = RunRecord.load(out).rows
+    assert "charts/episodic_length" in rows[-1] and "losses/grad_norm" in rows[-1]
+    assert run_cli(main, ["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
+    assert (tmp_path / "r.html").is_file()
