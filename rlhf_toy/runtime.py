@@ -1,4 +1,5 @@
-"""Process-wide settings that make small-tensor CPU training fast (called once per run by `seed_everything`)."""
+"""Process-wide settings that make small-tensor CPU training fast (called once per run by `seed_everything`), and
+a clock of a step's phases."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import ctypes
 import ctypes.util
 import functools
 import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -29,3 +33,23 @@ def keep_freed_memory() -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     except (OSError, AttributeError):
         return False
+
+
+class PhaseClock:
+    """Wall time per phase of a step (`with clock("sample"): ...`), summed until `take()` returns and resets them.
+    On the CPU every op is synchronous, so the times are the phases' own; on a GPU they include queued work."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out

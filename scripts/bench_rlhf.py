@@ -15,6 +15,11 @@ against GRPOTrainer with the matching loss_type / epsilon_high / importance_samp
     python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm grpo --repeats 3
     python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm dapo --sizes 4x128
 
+Each size also gets a table of the phases of our step (sampling, the reward model, the policy's and the
+reference's forward passes, the update): seconds per step, FLOPs counted from the model's weights, the GFLOP/s
+this machine's matrix multiplies reach at that phase's shapes (measured in the same process), the floor
+(FLOPs / that rate) and the distance to it (`rlhf_toy/lm/pipeline/floor.py`).
+
 `--model` runs both on a pretrained model instead (a directory, a .gguf file or smollm2, converted once into
 runs/bench_base): full-weight PPO on both sides, reward (and TRL's value) model = its trunk with a new head.
 """
@@ -76,8 +81,10 @@ if __name__ == "__main__":
             algorithm=a.algorithm,
         )
         seen: dict[str, list[float]] = {}
+        phases: list[dict] = []
         for _ in range(a.repeats):
             rows = [ours_in_subprocess(**kw)]
+            phases.append(rows[0].pop("phases"))
             if a.trl_python and a.algorithm in TRL_RUNNERS:
                 rows.append(trl(a.trl_python, PEERS, **kw, skip_gc=False))
                 if a.algorithm == "ppo":
@@ -96,4 +103,15 @@ if __name__ == "__main__":
         for peer in ("trl", "trl-nogc"):
             if eps.get(peer) and eps.get("rlhf-toy"):
                 report[size][f"ratio_vs_{peer}"] = eps["rlhf-toy"] / eps[peer]
+        # Each phase's distance to its compute floor (rlhf_toy/lm/pipeline/floor.py), medians over the repeats.
+        report[size]["phases"] = {
+            p: {k: statistics.median(r[p][k] for r in phases) for k in phases[0][p]} for p in phases[0]
+        }
+        print(f"\n{size}: per step, medians of {a.repeats} run(s)")
+        print(f"{'phase':<18}{'seconds':>9}{'GFLOPs':>9}{'GFLOP/s':>9}{'floor s':>9}{'distance':>9}")
+        for p, f in report[size]["phases"].items():
+            print(
+                f"{p:<18}{f['seconds']:>9.4f}{f['gflops']:>9.2f}{f['gflop_per_s_at_shapes']:>9.1f}"
+                f"{f['floor_s']:>9.4f}{f['distance']:>8.2f}x"
+            )
     print(json.dumps(report, indent=2))

@@ -27,6 +27,7 @@ from rlhf_toy.logging import read_jsonl
 
 from .alarms import ALARMS, Raised, raised
 
+PHASES = ("sample", "reward", "policy_forward", "reference_forward", "update")  # the trainer's PhaseClock
 # (title, keys): a chart draws the first key each run logs of every group; runs are overlaid.
 CHARTS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
     ("Reward-model score and gold", (("objective/score",), ("objective/gold",))),
@@ -46,6 +47,7 @@ CHARTS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
     ("Share of groups with equal rewards", (("sampling/equal_groups",),)),
     ("Held-out greedy gold", (("eval/greedy_gold",),)),
     ("Throughput", (("time/episodes_per_s", "charts/SPS"),)),
+    ("Seconds per phase of a step", tuple((f"time/{p}_s",) for p in PHASES)),
 )
 EXPLANATIONS = "docs/explanations/reading-a-run.md"
 

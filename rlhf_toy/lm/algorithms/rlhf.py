@@ -25,6 +25,7 @@ from rlhf_toy.errors import UserError
 from rlhf_toy.losses import KL_ESTIMATORS
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
+from rlhf_toy.runtime import PhaseClock
 
 from ..data.text import distinct_2
 from ..models.base import context_length
@@ -216,20 +217,29 @@ def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, tempe
 
 
 def sample_and_score(
-    policy: PolicyWithValueHead, reward_model, tok, prompts: list[str], cfg: RLHFConfig, with_logprobs: bool
+    policy: PolicyWithValueHead,
+    reward_model,
+    tok,
+    prompts: list[str],
+    cfg: RLHFConfig,
+    with_logprobs: bool,
+    clock: PhaseClock | None = None,
 ) -> tuple[Samples, Tensor]:
     """Sample one reply per prompt (torch's global RNG) and score it: the reward model's or the rule's score `[B]`
-    (on the policy's device), less any missing-EOS or overlong penalty."""
-    s = sample(
-        policy.lm,
-        tok,
-        prompts,
-        cfg.max_new_tokens,
-        cfg.temperature,
-        stop_at_eos=cfg.stop_at_eos,
-        with_logprobs=with_logprobs,
-    )
-    scores = score_responses(reward_model, tok, s).to(s.response_ids.device)
+    (on the policy's device), less any missing-EOS or overlong penalty. `clock` times the two phases."""
+    clock = clock or PhaseClock()
+    with clock("sample"):
+        s = sample(
+            policy.lm,
+            tok,
+            prompts,
+            cfg.max_new_tokens,
+            cfg.temperature,
+            stop_at_eos=cfg.stop_at_eos,
+            with_logprobs=with_logprobs,
+        )
+    with clock("reward"):
+        scores = score_responses(reward_model, tok, s).to(s.response_ids.device)
     if cfg.missing_eos_penalty is not None:
         scores = scores - cfg.missing_eos_penalty * (~s.eos).float()
     if cfg.overlong_buffer:
@@ -268,18 +278,23 @@ def experience_from(
     ppo: PPOConfig,
     algorithm: OnlineAlgorithm,
     sampling: dict[str, float],
+    clock: PhaseClock | None = None,
 ) -> Experience:
-    """Steps 2, 4 and 5 on sampled, scored replies: log-probs, per-token rewards, the algorithm's advantages."""
+    """Steps 2, 4 and 5 on sampled, scored replies: log-probs, per-token rewards, the algorithm's advantages
+    (`clock` times the policy's and the reference's forward passes)."""
+    clock = clock or PhaseClock()
     critic = algorithm.needs_values(ppo)
     obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
     with torch.no_grad():
         # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
         if critic or s.logprobs is None:
-            logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
+            with clock("policy_forward"):
+                logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
             values = values if critic else torch.zeros_like(mask)
         else:
             logprobs, entropy, values = s.logprobs, s.entropy, torch.zeros_like(mask)
-        ref_logprobs = reference_logprobs(policy, ref_model, s, cfg.temperature)
+        with clock("reference_forward"):
+            ref_logprobs = reference_logprobs(policy, ref_model, s, cfg.temperature)
         # 4. Per-token rewards: -beta * KL (the penalty's estimator; none when the KL is a loss term), plus the score
         #    on the last real token.
         in_reward = cfg.kl_in == "reward"
@@ -372,6 +387,7 @@ class RLHFTrainer:
         self.update_generator = torch.Generator().manual_seed(seed + 1)
         self.stopped_by_kl_limit = False
         self.last_samples: list[dict[str, Any]] = []
+        self.clock = PhaseClock()  # each step's time per phase: time/sample_s, ..., time/update_s
 
     def next_prompts(self) -> list[str]:
         """batch_size / group_size distinct prompts, each repeated group_size times in a row."""
@@ -397,7 +413,7 @@ class RLHFTrainer:
         for _ in range(cfg.dynamic_sampling_rounds):
             rounds += 1
             s, scores = sample_and_score(
-                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, with_logprobs
+                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, with_logprobs, self.clock
             )
             flat = equal_groups(scores.cpu(), k) if k > 1 else torch.zeros(len(scores), dtype=torch.bool)
             groups, equal = groups + len(flat), equal + int(flat.sum())
@@ -432,7 +448,9 @@ class RLHFTrainer:
         sampling = {"equal_groups": equal / groups, "rounds": float(rounds)} if k > 1 else {}
         if cfg.dynamic_sampling:
             sampling["filled_groups"] = float(filled)
-        return experience_from(self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling)
+        return experience_from(
+            self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling, self.clock
+        )
 
     def _step(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -446,7 +464,8 @@ class RLHFTrainer:
         # this step's update is not applied, so the policy kept is the last one updated under it (nothing copied).
         ma = self.kl_average.add(mean_across_ranks({"kl": seq_kl.mean().item()})["kl"])
         self.stopped_by_kl_limit = self.cfg.kl_limit is not None and ma > self.cfg.kl_limit
-        stats = {} if self.stopped_by_kl_limit else self._update(exp, beta)
+        with self.clock("update"):
+            stats = {} if self.stopped_by_kl_limit else self._update(exp, beta)
         gold = self.judge(prompts, exp.texts) if self.judge is not None else None
         # A few of the step's replies with what was measured of each (the run's report shows them by step).
         lengths = mask.sum(1)
@@ -472,12 +491,14 @@ class RLHFTrainer:
             "objective/non_score_reward": (-beta * seq_kl).mean().item(),
             "policy/entropy": masked_mean(exp.entropy, mask).item(),
             "policy/response_length": mask.sum(1).mean().item(),
+            "policy/prompt_tokens": float(exp.batch.observations[0].shape[1]),  # the batch's padded prompt length
             "policy/eos_rate": exp.eos.float().mean().item(),
             "policy/distinct_2": distinct_2(exp.texts),
             **{f"ppo/{k}": v for k, v in stats.items()},
             **{f"sampling/{k}": v for k, v in exp.sampling.items()},
             "time/rollout_s": t_rollout,
             "time/step_s": time.perf_counter() - t0,
+            **{f"time/{phase}_s": v for phase, v in self.clock.take().items()},  # sample, reward, ..., update
         }
         metrics["time/episodes_per_s"] = len(prompts) / metrics["time/step_s"]
         if gold is not None:

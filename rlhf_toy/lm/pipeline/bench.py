@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,12 +24,15 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
+from rlhf_toy.report.page import PHASES
+
 from ..algorithms.online import ALGORITHMS
 from ..algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
 from ..data.tasks import helpdesk_task
 from ..models.base import load_base
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import train_tokenizer
+from .floor import floors, weights
 from .run import quiet_libraries
 
 # The TRL runner of each algorithm that TRL has (file names in the peers folder the caller passes).
@@ -112,13 +116,25 @@ def ours(
         preset = replace(alg.preset, minibatch_size=batch_size // 4)
     trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
     t0 = time.perf_counter()
-    lengths = []
+    rows = []
     for _ in range(rl.steps):
-        m = trainer.step()
-        lengths.append(m["policy/response_length"])
+        rows.append(trainer.step())
     train_s = time.perf_counter() - t0
-    assert all(n == response_length for n in lengths), lengths
+    assert all(r["policy/response_length"] == response_length for r in rows), rows
     n = rl.steps * batch_size
+    later = rows[1:] or rows  # the first step pays one-time costs (allocations, thread pools)
+    times = {p: statistics.median(r[f"time/{p}_s"] for r in later) for p in PHASES if f"time/{p}_s" in later[0]}
+    floor = floors(
+        times,
+        weights(policy),
+        weights(rm),
+        batch_size,
+        round(statistics.mean(r["policy/prompt_tokens"] for r in later)),
+        response_length,
+        statistics.mean(r["ppo/epochs"] for r in later),
+        preset.minibatch_size,
+        alg.needs_values(preset),
+    )
     return {
         "peer": "rlhf-toy",
         "algorithm": algorithm,
@@ -130,6 +146,8 @@ def ours(
         "train_s": train_s,
         "episodes_per_s": n / train_s,
         "tokens_per_s": n * response_length / train_s,
+        "step_s": statistics.median(r["time/step_s"] for r in later),
+        "phases": floor,
     }
 
 

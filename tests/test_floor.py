@@ -1,0 +1,74 @@
+"""The compute floor of an RLHF step (issue 27): FLOPs counted from a model's weights, checked against torch's own
+FLOP counter and a hand computation, and the floor table the benchmark prints."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from rlhf_toy.lm.pipeline.floor import Weights, floors, pass_flops, phase_flops, weights
+
+
+def gpt2():
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=64, attn_implementation="eager")
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def llama():
+    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100, attn_implementation="eager")  # fmt: skip
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_weights_are_counted_by_hand_for_gpt2():
+    w = weights(gpt2())
+    assert w.trunk == 2 * (64 * 192 + 64 * 64 + 64 * 256 + 256 * 64) and w.head == 64 * 100
+    assert (w.n_layer, w.width) == (2, 64)
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_a_forward_pass_costs_what_torchs_flop_counter_counts(make):
+    model = make()
+    ids = torch.randint(0, 100, (3, 20))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(ids)  # logits at all 20 positions; eager attention computes all 20 x 20 scores
+    w = weights(model)
+    heads_dim = 4 * w.n_layer * w.width * 20 * 20  # QK^T and AV over every key, as the eager kernel does
+    expected = 3 * (2 * w.trunk * 20 + 2 * w.head * 20 + heads_dim)
+    assert counter.get_total_flops() == pytest.approx(expected, rel=1e-6)
+    assert 3 * pass_flops(w, 20, 20, 20) == pytest.approx(expected, rel=1e-6)
+
+
+def test_phase_flops_by_hand():
+    w = Weights(trunk=100, head=10, n_layer=1, width=2, shapes=(((2, 50), 1),))
+    # B=2, P=3, R=2: sampling = prefill (3 tokens, mean keys 2, 1 logit) + one decode step (keys 4, 1 logit)
+    prefill = 2 * 100 * 3 + 2 * 10 * 1 + 4 * 1 * 2 * 3 * 2
+    decode = 2 * 100 * 1 + 2 * 10 * 1 + 4 * 1 * 2 * 1 * 4
+    forward = 2 * 100 * 5 + 2 * 10 * 2 + 4 * 1 * 2 * 5 * 3
+    f = phase_flops(w, w, batch=2, prompt=3, reply=2, epochs=4, critic=True)
+    assert f["sample"] == 2 * (prefill + decode)
+    assert f["reference_forward"] == f["policy_forward"] == 2 * forward
+    assert f["update"] == 3 * 4 * 2 * forward
+    assert f["reward"] == 2 * (2 * 100 * 5 + 4 * 1 * 2 * 5 * 3)
+    assert "policy_forward" not in phase_flops(w, None, 2, 3, 2, 4, critic=False)
+
+
+def test_floors_measure_the_rate_and_the_distance():
+    w = weights(gpt2())
+    out = floors({"sample": 0.5, "update": 2.0}, w, None, 8, 12, 8, 2, 4, critic=False)
+    assert set(out) == {"sample", "update"}
+    for f in out.values():
+        assert f["gflop_per_s_at_shapes"] > 0 and f["floor_s"] > 0
+        assert f["distance"] == pytest.approx(f["seconds"] / f["floor_s"])
+
+
+@pytest.mark.integration
+def test_the_benchmark_reports_every_phase_against_its_floor():
+    from rlhf_toy.lm.pipeline.bench import ours
+
+    r = ours(episodes=16, batch_size=8, response_length=8, n_layer=1, n_embd=32, threads=1)
+    assert set(r["phases"]) == {"sample", "reward", "policy_forward", "reference_forward", "update"}
+    for f in r["phases"].values():
+        assert f["seconds"] > 0 and f["gflops"] > 0 and f["distance"] > 0
+    grpo = ours(episodes=32, batch_size=16, response_length=8, n_layer=1, n_embd=32, threads=1, algorithm="grpo")
+    assert "policy_forward" not in grpo["phases"]  # sampling's log-probs are reused: no forward pass to time
