@@ -224,6 +224,7 @@ def sample_and_score(
     cfg: RLHFConfig,
     with_logprobs: bool,
     clock: PhaseClock | None = None,
+    with_hidden: bool = False,
 ) -> tuple[Samples, Tensor]:
     """Sample one reply per prompt (torch's global RNG) and score it: the reward model's or the rule's score `[B]`
     (on the policy's device), less any missing-EOS or overlong penalty. `clock` times the two phases."""
@@ -237,6 +238,7 @@ def sample_and_score(
             cfg.temperature,
             stop_at_eos=cfg.stop_at_eos,
             with_logprobs=with_logprobs,
+            with_hidden=with_hidden,
         )
     with clock("reward"):
         scores = score_responses(reward_model, tok, s).to(s.response_ids.device)
@@ -262,9 +264,9 @@ def make_experience(
 ) -> Experience:
     """One batch of rollouts of `prompts`, on the policy's device (`ref_model=None`: the LoRA policy with adapters
     off). Groups are consecutive prompts."""
-    # 1. Sample from the current policy. Without a critic, the sampler's own logits give the policy's log-probs,
-    #    and the forward pass of step 2 is saved. 3. Scores from the reward model or a rule on the text.
-    s, scores = sample_and_score(policy, reward_model, tok, prompts, cfg, not algorithm.needs_values(ppo))
+    # 1. Sample from the current policy: its logits give the policy's log-probs (and its hidden states a critic's
+    #    values), so the forward pass of step 2 is saved. 3. Scores from the reward model or a rule on the text.
+    s, scores = sample_and_score(policy, reward_model, tok, prompts, cfg, True, None, algorithm.needs_values(ppo))
     return experience_from(policy, ref_model, s, scores, beta, cfg, ppo, algorithm, {})
 
 
@@ -287,12 +289,13 @@ def experience_from(
     obs, mask = (s.prompt_ids, s.prompt_mask), s.response_mask.float()
     with torch.no_grad():
         # 2. Log-probs under policy and reference at the sampling temperature; values from the head.
-        if critic or s.logprobs is None:
+        if s.logprobs is None or (critic and s.hidden is None):
             with clock("policy_forward"):
                 logprobs, entropy, values = policy.evaluate(obs, s.response_ids)
             values = values if critic else torch.zeros_like(mask)
-        else:
-            logprobs, entropy, values = s.logprobs, s.entropy, torch.zeros_like(mask)
+        else:  # what sampling computed: the same numbers as that forward pass, to float rounding (tests check)
+            logprobs, entropy = s.logprobs, s.entropy
+            values = policy.value_head(s.hidden).squeeze(-1) if critic else torch.zeros_like(mask)
         with clock("reference_forward"):
             ref_logprobs = reference_logprobs(policy, ref_model, s, cfg.temperature)
         # 4. Per-token rewards: -beta * KL (the penalty's estimator; none when the KL is a loss term), plus the score
@@ -406,14 +409,16 @@ class RLHFTrainer:
         advantages are zero: they add no gradient; `sampling/filled_groups` counts them); one that kept none stops
         the run with an error (no endless loop)."""
         cfg, k = self.cfg, self.cfg.group_size
-        with_logprobs = not self.algorithm.needs_values(self.ppo)
+        # Sampling keeps the log-probs, and for a critic the hidden states its value head reads: no algorithm then
+        # runs a forward pass of the policy before its update (the lean loop's; `generate` keeps no hidden states).
+        critic = self.algorithm.needs_values(self.ppo)
         parts: list[tuple[Samples, Tensor]] = []
         dropped: list[tuple[Samples, Tensor]] = []  # equal groups, to fill a batch the rounds could not
         kept = groups = equal = rounds = filled = 0
         for _ in range(cfg.dynamic_sampling_rounds):
             rounds += 1
             s, scores = sample_and_score(
-                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, with_logprobs, self.clock
+                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, True, self.clock, critic
             )
             flat = equal_groups(scores.cpu(), k) if k > 1 else torch.zeros(len(scores), dtype=torch.bool)
             groups, equal = groups + len(flat), equal + int(flat.sum())

@@ -1,11 +1,21 @@
-"""Batched sampling with `generate`: left-padded prompts, temperature T, top_k 0, top_p 1, stop at EOS."""
+"""Batched sampling: left-padded prompts, temperature T, top_k 0, top_p 1, stop at EOS.
+
+The decoding loop is our own (`decode`): a forward pass over the prompts (logits of the last position only),
+then one token at a time on the key-value cache, softmax and `torch.multinomial` as `generate` does them, so it
+draws the same tokens from the same seed (a test checks, on GPT-2 and Llama), without `generate`'s per-step
+logits processors, stopping criteria and bookkeeping. A model whose forward does not take `position_ids`,
+`logits_to_keep` and a cache falls back to `generate` (`lean_decoding`).
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from .causal_lm import token_logprobs
 from .chat import encode_prompts, pad_sequences, widen
@@ -30,6 +40,7 @@ class Samples:
     texts: list[str]
     logprobs: Tensor | None = None  # [B, R] the sampled tokens' log-probs at the temperature (`with_logprobs`)
     entropy: Tensor | None = None  # [B, R] the entropy of each step's distribution at the temperature
+    hidden: Tensor | None = None  # [B, R, H] the last hidden state that predicted each token (`with_hidden`)
 
 
 def response_mask_after_eos(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
@@ -37,6 +48,84 @@ def response_mask_after_eos(response_ids: Tensor, eos_id: int) -> tuple[Tensor, 
     is_eos = response_ids == eos_id
     seen_before = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # an EOS strictly earlier
     return (~seen_before).long(), is_eos.any(1)
+
+
+@functools.cache
+def _cache_argument(forward_owner: type) -> str | None:
+    """The name under which this model class's forward takes a key-value cache (`cache` from transformers 5.25,
+    `past_key_values` before), or None when it does not take `position_ids` and `logits_to_keep` as well."""
+    params = inspect.signature(forward_owner.forward).parameters
+    if not {"position_ids", "logits_to_keep"} <= set(params):
+        return None
+    return "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
+
+
+def lean_decoding(model) -> str | None:
+    """The cache argument of the model (a peft model: of its base) when `decode` can drive it, else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "is_encoder_decoder", False):
+        return None
+    return _cache_argument(type(base))
+
+
+@torch.no_grad()
+def decode(
+    model,
+    ids: Tensor,
+    mask: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    greedy: bool,
+    eos_id: int | None,
+    pad_id: int,
+    with_hidden: bool = False,
+) -> tuple[Tensor, list[Tensor], Tensor | None]:
+    """`generate`'s sampling loop without `generate`: `ids, mask [B, P]` (left-padded) -> the drawn tokens `[B, R]`
+    (PAD after a row's EOS; R <= max_new_tokens, fewer when every row ended), each step's raw logits (`[B, V]`),
+    and with `with_hidden` the last hidden state that gave each step's logits (`[B, R, H]`: a value head reads it).
+
+    Positions are `cumsum(mask) - 1` (1 on padding), as `generate` makes them; temperature divides the logits
+    unless it is 1; `eos_id=None` never stops a row."""
+    cache_arg = lean_decoding(model)
+    assert cache_arg is not None, "decode() needs a model that lean_decoding() accepts"
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # transformers before 5 builds it without the config
+        cache = DynamicCache()
+    B = ids.shape[0]
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    extra = {cache_arg: cache, "use_cache": True, "output_hidden_states": with_hidden}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1, **extra)
+    unfinished = torch.ones(B, dtype=torch.long, device=ids.device)
+    tokens: list[Tensor] = []
+    logits: list[Tensor] = []
+    hidden: list[Tensor] = []
+    position = positions[:, -1:]
+    for t in range(max_new_tokens):
+        step = out.logits[:, -1].float()
+        logits.append(step)
+        if with_hidden:
+            hidden.append(out.hidden_states[-1][:, -1])
+        if greedy:
+            nxt = step.argmax(-1)
+        else:
+            probs = torch.softmax(step / temperature if temperature != 1.0 else step, -1)
+            nxt = torch.multinomial(probs, 1).squeeze(1)
+        nxt = nxt * unfinished + pad_id * (1 - unfinished)
+        tokens.append(nxt)
+        if eos_id is not None:
+            unfinished = unfinished & (nxt != eos_id).long()
+        if t == max_new_tokens - 1 or not bool(unfinished.any()):
+            break
+        mask = torch.cat([mask, mask.new_ones(B, 1)], 1)
+        position = position + 1
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, **extra)
+    return torch.stack(tokens, 1), logits, torch.stack(hidden, 1) if with_hidden else None
+
+
+def widen_steps(x: Tensor, steps: int) -> Tensor:
+    """`[B, R, H] -> [B, steps, H]`, zeros after the last step."""
+    return torch.nn.functional.pad(x, (0, 0, 0, steps - x.shape[1]))
 
 
 def step_logprobs(logits: tuple[Tensor, ...], tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
@@ -58,6 +147,8 @@ def sample(
     stop_at_eos: bool = True,
     with_logprobs: bool = False,
     greedy: bool = False,
+    lean: bool = True,
+    with_hidden: bool = False,
 ) -> Samples:
     """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats.
 
@@ -68,6 +159,10 @@ def sample(
     log-probs and the entropies at `temperature`, from the logits `generate` computed anyway (the raw logits:
     the model's distribution, as a forward pass gives it), which saves a forward pass where nothing else needs
     one (the critic-free RLHF methods). They agree with a forward pass to float rounding (a test checks).
+
+    `lean`: decode with our own loop (`decode`, the same tokens as `generate`) where the model allows it; False
+    always calls `generate`. `with_hidden` (lean loop only; otherwise `hidden` stays None) keeps the last hidden
+    state behind each token, for a value head: PPO then needs no forward pass of its own either.
     """
     chunks = []
     device = model_device(model)
@@ -79,22 +174,28 @@ def sample(
             chunk = prompts[start : start + batch_size]
             ids, mask = pad_sequences(encode_prompts(tok, chunk), tok.pad_token_id, "left")
             ids, mask = ids.to(device), mask.to(device)
-            how = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                top_p=1.0,
-                **how,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id if stop_at_eos else None,
-                return_dict_in_generate=with_logprobs,
-                output_logits=with_logprobs,
-            )
-            sequences = out.sequences if with_logprobs else out
-            response = sequences[:, ids.shape[1] :]
-            steps = step_logprobs(out.logits, response, temperature) if with_logprobs else (None, None)
-            chunks.append((ids, mask, response, *steps))
+            eos = tok.eos_token_id if stop_at_eos else None
+            hidden = None
+            if lean and lean_decoding(model) is not None:
+                response, raw, hidden = decode(
+                    model, ids, mask, max_new_tokens, temperature, greedy, eos, tok.pad_token_id, with_hidden
+                )
+            else:
+                how = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    top_p=1.0,
+                    **how,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=eos,
+                    return_dict_in_generate=True,
+                    output_logits=with_logprobs,
+                )
+                response, raw = out.sequences[:, ids.shape[1] :], out.logits
+            steps = step_logprobs(raw, response, temperature) if with_logprobs else (None, None)
+            chunks.append((ids, mask, response, *steps, hidden))
     finally:
         model.generation_config.eos_token_id = saved_eos
     P = max(c[0].shape[1] for c in chunks)
@@ -109,11 +210,15 @@ def sample(
         response_mask, eos = torch.ones_like(response_ids), (response_ids == tok.eos_token_id).any(1)
     response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad))
     texts = decode_responses(tok, response_ids, response_mask)
-    logprobs = entropy = None
+    logprobs = entropy = hidden = None
     if with_logprobs:
         logprobs = torch.cat([widen(c[3], R, 0, "right") for c in chunks]) * response_mask
         entropy = torch.cat([widen(c[4], R, 0, "right") for c in chunks]) * response_mask
-    return Samples(list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts, logprobs, entropy)
+    if all(c[5] is not None for c in chunks):  # asked for, and the lean loop ran
+        hidden = torch.cat([widen_steps(c[5], R) for c in chunks])
+    return Samples(
+        list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts, logprobs, entropy, hidden
+    )
 
 
 def select_samples(s: Samples, idx: list[int]) -> Samples:
@@ -130,6 +235,7 @@ def select_samples(s: Samples, idx: list[int]) -> Samples:
         [s.texts[j] for j in idx],
         pick(s.logprobs),
         pick(s.entropy),
+        pick(s.hidden),
     )
 
 
@@ -152,6 +258,7 @@ def concat_samples(parts: list[Samples], pad_id: int) -> Samples:
         [x for p in parts for x in p.texts],
         cat([p.logprobs for p in parts], R, 0, "right") if with_logprobs else None,
         cat([p.entropy for p in parts], R, 0, "right") if with_logprobs else None,
+        torch.cat([widen_steps(p.hidden, R) for p in parts]) if all(p.hidden is not None for p in parts) else None,
     )
 
 

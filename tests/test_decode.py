@@ -1,0 +1,73 @@
+"""The lean decoding loop (issue 27): the same tokens as `generate` for the same seed and settings, on every
+architecture, and log-probs equal to a forward pass."""
+
+import pytest
+import torch
+
+from rlhf_toy.lm.models.base import load_base
+from rlhf_toy.lm.models.causal_lm import response_logprobs
+from rlhf_toy.lm.models.lora import LoraConfig, add_lora
+from rlhf_toy.lm.models.sampling import lean_decoding, sample
+from tests.hf_models import ARCHS, tiny_model_dir
+
+PROMPTS = ["My printer won't start.", "Hi, my old lamp at home runs hot.", "Why?", "The router at home is slow."] * 3
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bases")
+    return {arch: tiny_model_dir(arch, root / arch) for arch in ARCHS}
+
+
+def both(model, tok, temperature=0.7, **kw):
+    """The same draw through our loop and through `generate`."""
+    out = []
+    for lean in (True, False):
+        torch.manual_seed(11)
+        out.append(sample(model, tok, PROMPTS, 12, temperature, lean=lean, with_logprobs=True, **kw))
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("settings", [{}, {"stop_at_eos": False}, {"greedy": True}, {"temperature": 1.0}])
+def test_lean_decoding_draws_what_generate_draws(bases, arch, settings):
+    model, tok = load_base(bases[arch])
+    assert lean_decoding(model) is not None  # every supported architecture takes the lean path
+    lean, gen = both(model, tok, **settings)
+    assert torch.equal(lean.response_ids, gen.response_ids) and lean.texts == gen.texts
+    assert torch.equal(lean.eos, gen.eos)
+    torch.testing.assert_close(lean.logprobs, gen.logprobs, rtol=0, atol=0)
+    with torch.no_grad():
+        again, _ = response_logprobs(model, lean.prompt_ids, lean.prompt_mask, lean.response_ids, 0.7)
+    real = lean.response_mask.bool()
+    if not settings.get("greedy") and "temperature" not in settings:
+        torch.testing.assert_close(again[real], lean.logprobs[real], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.integration
+def test_lean_decoding_drives_a_lora_model(bases):
+    model, tok = load_base(bases["llama"])
+    lora = add_lora(model, LoraConfig(lora_r=4), "CAUSAL_LM")
+    assert lean_decoding(lora) is not None
+    lean, gen = both(lora, tok)
+    assert torch.equal(lean.response_ids, gen.response_ids)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ARCHS)
+def test_values_from_the_sampled_hidden_states_equal_a_forward_pass(bases, arch):
+    """PPO's critic reads the hidden states the lean loop kept: the same values as the forward pass it replaces."""
+    from rlhf_toy.lm.models.policy import PolicyWithValueHead
+
+    model, tok = load_base(bases[arch])
+    policy = PolicyWithValueHead(model, 0.7)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(policy.value_head[2].weight)  # the head starts at zero: give it something to say
+    s = sample(model, tok, PROMPTS, 12, 0.7, with_logprobs=True, with_hidden=True)
+    with torch.no_grad():
+        logprobs, _, values = policy.evaluate((s.prompt_ids, s.prompt_mask), s.response_ids)
+        mine = policy.value_head(s.hidden).squeeze(-1)
+    real = s.response_mask.bool()
+    torch.testing.assert_close(mine[real], values[real], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(s.logprobs[real], logprobs[real], atol=1e-4, rtol=1e-4)
