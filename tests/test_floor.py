@@ -51,6 +51,12 @@ def test_phase_flops_by_hand():
     assert f["update"] == 3 * 4 * 2 * forward
     assert f["reward"] == 2 * (2 * 100 * 5 + 4 * 1 * 2 * 5 * 3)
     assert "policy_forward" not in phase_flops(w, None, 2, 3, 2, 4, critic=False)
+    # a group of 2 replies shares its prompt's pass: prompt part once, each reply's part (keys 3 + 1, 3 + 2) twice
+    shared = phase_flops(w, None, batch=2, prompt=3, reply=2, epochs=1, critic=True, group=2)
+    prompt_part = 2 * 100 * 3 + 4 * 1 * 2 * 3 * 2
+    reply_part = 2 * 100 * 2 + 2 * 10 * 2 + 4 * 1 * 2 * 2 * 4.5
+    assert shared["policy_forward"] == prompt_part + 2 * reply_part
+    assert prompt_part + reply_part == forward  # one row: the same as the unshared pass
 
 
 def test_floors_measure_the_rate_and_the_distance():
@@ -67,8 +73,9 @@ def test_the_benchmark_reports_every_phase_against_its_floor():
     from rlhf_toy.lm.pipeline.bench import ours
 
     r = ours(episodes=16, batch_size=8, response_length=8, n_layer=1, n_embd=32, threads=1)
-    assert set(r["phases"]) == {"sample", "reward", "policy_forward", "reference_forward", "update"}
+    # PPO's values and log-probs come from sampling (the lean loop): no forward pass of the policy to time
+    assert set(r["phases"]) == {"sample", "reward", "reference_forward", "update"}
     for f in r["phases"].values():
         assert f["seconds"] > 0 and f["gflops"] > 0 and f["distance"] > 0
     grpo = ours(episodes=32, batch_size=16, response_length=8, n_layer=1, n_embd=32, threads=1, algorithm="grpo")
-    assert "policy_forward" not in grpo["phases"]  # sampling's log-probs are reused: no forward pass to time
+    assert set(grpo["phases"]) == set(r["phases"])

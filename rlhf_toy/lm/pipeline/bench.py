@@ -134,6 +134,7 @@ def ours(
         statistics.mean(r["ppo/epochs"] for r in later),
         preset.minibatch_size,
         alg.needs_values(preset),
+        rl.group_size,
     )
     return {
         "peer": "rlhf-toy",

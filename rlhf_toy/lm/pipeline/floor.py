@@ -13,8 +13,11 @@ of B sequences, prompt length P and reply length R:
 - sampling: the prompt once (t = P, c = (P + 1) / 2, h = 1), then R - 1 decoding steps of one token each
   (c = P + r), each with its logits;
 - the policy's and the reference's forward passes: t = P + R, c = (P + R + 1) / 2, h = R (the replies' log-probs);
-- the reward model: its own trunk on t = P + R, no LM head;
-- the update: 3x a policy forward pass (backward is twice the forward) per sequence per epoch.
+  where a group of G replies shares its prompt (RLOO, GRPO: `shares_prompts`), the prompt's part (t = P) runs
+  once per group and each reply's part (t = R, c = P + (R + 1) / 2) once per reply;
+- the reward model: its own trunk on t = P + R, no LM head (it scores whole sequences);
+- the update: 3x a policy forward pass (backward is twice the forward) per sequence per epoch, prompts shared as
+  in the forward passes.
 
 The floor of a phase is its FLOPs over the throughput the machine's matrix multiplies reach *at that phase's
 shapes*, measured in the same process (`gemm_rate`: each distinct weight shape of the model, multiplied by an
@@ -73,17 +76,32 @@ def pass_flops(w: Weights, tokens: float, keys: float, logits: float) -> float:
     return 2 * w.trunk * tokens + 2 * w.head * logits + 4 * w.n_layer * w.width * tokens * keys
 
 
+def shared_pass_flops(w: Weights, rows: int, group: int, prompt: int, reply: int) -> float:
+    """FLOPs of a forward pass over `rows` prompt + reply sequences whose groups of `group` share their prompt's
+    pass (group 1: every row runs its own; the same as `rows * pass_flops(w, P + R, (P + R + 1) / 2, R)`)."""
+    prompts = rows / group * pass_flops(w, prompt, (prompt + 1) / 2, 0)
+    return prompts + rows * pass_flops(w, reply, prompt + (reply + 1) / 2, reply)
+
+
 def phase_flops(
-    policy: Weights, reward: Weights | None, batch: int, prompt: int, reply: int, epochs: float, critic: bool
+    policy: Weights,
+    reward: Weights | None,
+    batch: int,
+    prompt: int,
+    reply: int,
+    epochs: float,
+    critic: bool,
+    group: int = 1,
 ) -> dict[str, float]:
     """FLOPs of each phase of one step (`critic`: the policy's forward pass runs; otherwise sampling's log-probs
-    are reused)."""
+    are reused; `group`: replies per prompt, whose prompt the forward passes and the update run once)."""
     t = prompt + reply
     decode = sum(pass_flops(policy, 1, prompt + r, 1) for r in range(1, reply))
+    forward = shared_pass_flops(policy, batch, group, prompt, reply)
     out = {
         "sample": batch * (pass_flops(policy, prompt, (prompt + 1) / 2, 1) + decode),
-        "reference_forward": batch * pass_flops(policy, t, (t + 1) / 2, reply),
-        "update": 3 * epochs * batch * pass_flops(policy, t, (t + 1) / 2, reply),
+        "reference_forward": forward,
+        "update": 3 * epochs * forward,
     }
     if critic:
         out["policy_forward"] = out["reference_forward"]
@@ -132,10 +150,11 @@ def floors(
     epochs: float,
     minibatch: int,
     critic: bool,
+    group: int = 1,
 ) -> dict[str, dict[str, float]]:
     """Per phase: measured seconds per step, GFLOPs, the GFLOP/s measured at its shapes, the floor in seconds and
     the distance (measured / floor)."""
-    flops = phase_flops(policy, reward, batch, prompt, reply, epochs, critic)
+    flops = phase_flops(policy, reward, batch, prompt, reply, epochs, critic, group)
     rows = phase_rows(batch, prompt, reply, minibatch)
     rates: dict[int, float] = {}
     out = {}
