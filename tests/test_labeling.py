@@ -345,6 +345,7 @@ def test_simulated_labeler_trains_a_reward_model_that_agrees_with_them(run_copy,
         (["--labeler", "a b"], "labeler must be 1-40"),
         (["--repeat_rate", "1"], "repeat_rate must be in [0, 1)"),
         (["--model", "/nonexistent"], "/nonexistent"),
+        (["--max_new_tokens", "60"], "lower --max_new_tokens"),  # the tiny model's context is 64
     ],
 )
 def test_label_bad_input_is_one_line(run_dir, flags, message, capsys):

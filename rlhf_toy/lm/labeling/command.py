@@ -10,6 +10,8 @@ from pathlib import Path
 from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError
 
+from ..models.base import context_length
+from ..models.chat import check_fits, encode_prompts
 from ..models.checkpoints import load_causal_lm
 from ..models.sampling import sample
 from ..pipeline.run import RunConfig
@@ -72,6 +74,8 @@ def run_label(run: RunConfig, cfg: LabelConfig) -> int:
     sock = bind(cfg.host, cfg.port)  # a port in use is refused before anything is loaded or written
     prompts = run.start().train_prompts
     path, model, tok = policy_source(run, cfg)
+    # As `ppo` and `sample` do: a reply length that does not fit is one line now, not a failing sampler later
+    check_fits(encode_prompts(tok, prompts), context_length(model.config), cfg.max_new_tokens + 1, "label")
     log_path = run.dir.under_run(cfg.out)
 
     def draw(batch: list[str]) -> list[str]:
