@@ -79,10 +79,10 @@ def noise(values: np.ndarray) -> float:
     return float(np.median(np.abs(np.diff(values)))) / 0.954 if len(values) > 1 else 0.0
 
 
-def first(mask: np.ndarray, steps: np.ndarray, start: int) -> int | None:
-    """The step of the first True of `mask` from index `start` on, or None."""
+def first(mask: np.ndarray, start: int) -> int | None:
+    """The index of the first True of `mask` from index `start` on, or None."""
     hits = np.flatnonzero(mask[start:])
-    return int(steps[start + hits[0]]) if len(hits) else None
+    return start + int(hits[0]) if len(hits) else None
 
 
 def below_start(keys: Sequence[str], fraction: float, what: str) -> Callable[[Rows], Finding | None]:
@@ -97,11 +97,12 @@ def below_start(keys: Sequence[str], fraction: float, what: str) -> Callable[[Ro
         base, ma = float(v[:w].mean()), moving_average(v, w)
         if base <= 0:
             return None
-        step = first(ma < fraction * base, steps, w)
-        if step is None:
+        i = first(ma < fraction * base, w)
+        if i is None:
             return None
-        at = ma[list(steps).index(step)]
-        return Finding(step, f"{what} fell to {at:.3g} from {base:.3g} at the start (below {fraction:.0%} of it)")
+        return Finding(
+            int(steps[i]), f"{what} fell to {ma[i]:.3g} from {base:.3g} at the start (below {fraction:.0%} of it)"
+        )
 
     return detect
 
@@ -122,8 +123,8 @@ def crossing(
         steps, v = s
         w = window(len(rows))
         ma = moving_average(of(v), w)
-        step = first(fires(ma), steps, w - 1)
-        return None if step is None else Finding(step, says(float(ma[list(steps).index(step)])))
+        i = first(fires(ma), w - 1)
+        return None if i is None else Finding(int(steps[i]), says(float(ma[i])))
 
     return detect
 
@@ -167,11 +168,12 @@ def length_exploitation(rows: Rows) -> Finding | None:
     nm, gm = moving_average(n, w), moving_average(g, w)
     base_n, base_g = float(n[:w].mean()), float(g[:w].mean())
     margin = 2 * noise(g) / math.sqrt(w)
-    step = first((nm > 1.25 * base_n) & (gm <= base_g + margin), steps, w)
-    if step is None:
+    i = first((nm > 1.25 * base_n) & (gm <= base_g + margin), w)
+    if i is None:
         return None
-    i = list(steps).index(step)
-    return Finding(step, f"replies grew from {base_n:.1f} to {nm[i]:.1f} tokens; gold {base_g:.3f} -> {gm[i]:.3f}")
+    return Finding(
+        int(steps[i]), f"replies grew from {base_n:.1f} to {nm[i]:.1f} tokens; gold {base_g:.3f} -> {gm[i]:.3f}"
+    )
 
 
 def update_spike(rows: Rows) -> Finding | None:
@@ -181,9 +183,9 @@ def update_spike(rows: Rows) -> Finding | None:
         if s is None:
             continue
         steps, v = s
-        step = first(v > max(limit, 10 * float(np.median(v))), steps, 0)
-        if step is not None:
-            return Finding(step, f"{what} {v[list(steps).index(step)]:.3g} in one update (median {np.median(v):.3g})")
+        i = first(v > max(limit, 10 * float(np.median(v))), 0)
+        if i is not None:
+            return Finding(int(steps[i]), f"{what} {v[i]:.3g} in one update (median {np.median(v):.3g})")
     return None
 
 
@@ -197,11 +199,10 @@ def value_divergence(rows: Rows) -> Finding | None:
     w = window(len(rows))
     lm, em = moving_average(v, w), moving_average(ev[1], w)
     low = np.minimum.accumulate(lm)
-    step = first((lm > 10 * low) & (em < 0), steps, 2 * w)
-    if step is None:
+    i = first((lm > 10 * low) & (em < 0), 2 * w)
+    if i is None:
         return None
-    i = list(steps).index(step)
-    return Finding(step, f"value loss {lm[i]:.3g} (lowest {low[i]:.3g}), explained variance {em[i]:.2f}")
+    return Finding(int(steps[i]), f"value loss {lm[i]:.3g} (lowest {low[i]:.3g}), explained variance {em[i]:.2f}")
 
 
 def non_finite(rows: Rows) -> Finding | None:

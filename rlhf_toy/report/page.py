@@ -117,16 +117,11 @@ def chart_data(runs: list[RunRecord]) -> list[dict[str, Any]]:
 
 def settings_table(run: RunRecord) -> list[dict[str, Any]]:
     """Each setting with its preset's value; those that differ first."""
-    keys = sorted(run.settings, key=lambda k: (run.preset.get(k, run.settings[k]) == run.settings[k], k))
-    return [
-        {
-            "key": k,
-            "value": run.settings[k],
-            "preset": run.preset.get(k),
-            "differs": k in run.preset and run.preset[k] != run.settings[k],
-        }
-        for k in keys
+    rows = [
+        {"key": k, "value": v, "preset": run.preset.get(k), "differs": k in run.preset and run.preset[k] != v}
+        for k, v in run.settings.items()
     ]
+    return sorted(rows, key=lambda r: (not r["differs"], r["key"]))
 
 
 def _alarm(a: Raised, docs: str) -> dict[str, Any]:
