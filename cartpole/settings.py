@@ -72,14 +72,12 @@ class TrainConfig:
     plot: bool = option("Save a learning-curve PNG and report.html at the end.", True)
 
     seed_list: list[int] | None = derived()
-
-    @property
-    def trackers(self) -> tuple[str, ...]:
-        return tuple(t for t in trackers(self.report_to) if t != "tensorboard" or self.tensorboard)
+    trackers: tuple[str, ...] = derived()  # those of --report_to (less TensorBoard under --tensorboard False)
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
-        trackers(self.report_to)  # an unknown or missing tracker: one line now, not after training
+        # An unknown or missing tracker: one line now, not after training.
+        self.trackers = tuple(t for t in trackers(self.report_to) if t != "tensorboard" or self.tensorboard)
         self.seed_list = parse_seeds(self.seeds) if self.seeds else None
         for name in (
             "total_steps",

@@ -222,12 +222,12 @@ def sample_and_score(
     tok,
     prompts: list[str],
     cfg: RLHFConfig,
-    with_logprobs: bool,
-    clock: PhaseClock | None = None,
     with_hidden: bool = False,
+    clock: PhaseClock | None = None,
 ) -> tuple[Samples, Tensor]:
     """Sample one reply per prompt (torch's global RNG) and score it: the reward model's or the rule's score `[B]`
-    (on the policy's device), less any missing-EOS or overlong penalty. `clock` times the two phases."""
+    (on the policy's device), less any missing-EOS or overlong penalty. The samples keep their log-probs (and with
+    `with_hidden` the hidden states a value head reads); `clock` times the two phases."""
     clock = clock or PhaseClock()
     with clock("sample"):
         s = sample(
@@ -237,7 +237,7 @@ def sample_and_score(
             cfg.max_new_tokens,
             cfg.temperature,
             stop_at_eos=cfg.stop_at_eos,
-            with_logprobs=with_logprobs,
+            with_logprobs=True,
             with_hidden=with_hidden,
         )
     with clock("reward"):
@@ -266,7 +266,7 @@ def make_experience(
     off). Groups are consecutive prompts."""
     # 1. Sample from the current policy: its logits give the policy's log-probs (and its hidden states a critic's
     #    values), so the forward pass of step 2 is saved. 3. Scores from the reward model or a rule on the text.
-    s, scores = sample_and_score(policy, reward_model, tok, prompts, cfg, True, None, algorithm.needs_values(ppo))
+    s, scores = sample_and_score(policy, reward_model, tok, prompts, cfg, algorithm.needs_values(ppo))
     return experience_from(policy, ref_model, s, scores, beta, cfg, ppo, algorithm, {})
 
 
@@ -418,7 +418,7 @@ class RLHFTrainer:
         for _ in range(cfg.dynamic_sampling_rounds):
             rounds += 1
             s, scores = sample_and_score(
-                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, True, self.clock, critic
+                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, critic, self.clock
             )
             flat = equal_groups(scores.cpu(), k) if k > 1 else torch.zeros(len(scores), dtype=torch.bool)
             groups, equal = groups + len(flat), equal + int(flat.sum())
@@ -495,7 +495,7 @@ class RLHFTrainer:
             "objective/beta": beta,
             "objective/non_score_reward": (-beta * seq_kl).mean().item(),
             "policy/entropy": masked_mean(exp.entropy, mask).item(),
-            "policy/response_length": mask.sum(1).mean().item(),
+            "policy/response_length": lengths.float().mean().item(),
             "policy/prompt_tokens": float(exp.batch.observations[0].shape[1]),  # the batch's padded prompt length
             "policy/eos_rate": exp.eos.float().mean().item(),
             "policy/distinct_2": distinct_2(exp.texts),

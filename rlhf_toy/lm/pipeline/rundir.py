@@ -53,6 +53,14 @@ def main_only(save):
     return guarded
 
 
+def rows_upto(path: Path, upto: int) -> list[dict[str, Any]]:
+    """The rows of a step log (JSONL, appended each step) up to step `upto`; none if the file is missing. A kill may
+    have cut the last line short: it is dropped."""
+    if not path.is_file():
+        return []
+    return [r for r in read_jsonl(path, partial_last_line_ok=True) if r.get("step", 0) <= upto]
+
+
 class PolicyDir:
     """One policy run's output directory, whatever trained it (PPO, REINFORCE, RLOO, GRPO, DPO): run_dir/ALGORITHM
     by default.
@@ -73,7 +81,7 @@ class PolicyDir:
             root / "samples.json",
             root / "summary.json",
         )
-        self.sample_log, self.report = root / "samples.jsonl", root / "report.html"  # the report's replies; report
+        self.sample_log = root / "samples.jsonl"  # replies of a few steps, with their figures (report.html's table)
 
     def lock(self):
         """Only one process writes a policy directory at a time (a second one gets a one-line error); under torchrun
@@ -131,15 +139,11 @@ class PolicyDir:
 
     def load_metrics(self, upto: int) -> list[dict[str, Any]]:
         """The logged rows up to step `upto` (a kill may have cut the last line short: it is dropped)."""
-        if not self.metrics.is_file():
-            return []
-        return [r for r in read_jsonl(self.metrics, partial_last_line_ok=True) if r.get("step", 0) <= upto]
+        return rows_upto(self.metrics, upto)
 
     def load_samples(self, upto: int) -> list[dict[str, Any]]:
         """The report's sampled replies up to step `upto` (a resumed run keeps those of its checkpoint)."""
-        if not self.sample_log.is_file():
-            return []
-        return [r for r in read_jsonl(self.sample_log, partial_last_line_ok=True) if r.get("step", 0) <= upto]
+        return rows_upto(self.sample_log, upto)
 
     def load_policy(self, name: str):
         """`(policy model, tokenizer)` for evaluation; `name` names it in errors."""
