@@ -11,6 +11,8 @@ from rlhf_toy.lm.models.sampling import lean_decoding, sample
 from tests.hf_models import ARCHS, tiny_model_dir
 
 PROMPTS = ["My printer won't start.", "Hi, my old lamp at home runs hot.", "Why?", "The router at home is slow."] * 3
+# Twelve different prompts: no row shares its prefill, so the loop's arithmetic is generate's, bit for bit.
+UNIQUE = [f"{p} ({i})" for i, p in enumerate(PROMPTS)]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def both(model, tok, temperature=0.7, **kw):
     out = []
     for lean in (True, False):
         torch.manual_seed(11)
-        out.append(sample(model, tok, PROMPTS, 12, temperature, lean=lean, with_logprobs=True, **kw))
+        out.append(sample(model, tok, UNIQUE, 12, temperature, lean=lean, with_logprobs=True, **kw))
     return out
 
 
@@ -71,3 +73,26 @@ def test_values_from_the_sampled_hidden_states_equal_a_forward_pass(bases, arch)
     real = s.response_mask.bool()
     torch.testing.assert_close(mine[real], values[real], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(s.logprobs[real], logprobs[real], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_group_shares_its_prompts_prefill(bases, arch):
+    """RLOO's and GRPO's k replies share a prompt: its prefill runs once (the model sees 3 rows, not 12), and the
+    draws are still `generate`'s. The prefill of 3 rows may round a logit differently in the last bit than one of
+    12 (seen: 4.8e-7 in a first step's log-prob), so the log-probs match to 1e-6, the tokens exactly."""
+    model, tok = load_base(bases[arch])
+    grouped = [p for p in PROMPTS[:3] for _ in range(4)]
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        torch.manual_seed(3)
+        lean = sample(model, tok, grouped, 12, 0.7, lean=True, with_logprobs=True, with_hidden=True)
+    finally:
+        hook.remove()
+    assert rows[0] == 3 and set(rows[1:]) == {12}
+    torch.manual_seed(3)
+    gen = sample(model, tok, grouped, 12, 0.7, lean=False, with_logprobs=True)
+    assert torch.equal(lean.response_ids, gen.response_ids)
+    torch.testing.assert_close(lean.logprobs, gen.logprobs, rtol=0, atol=1e-6)
+    assert lean.hidden is not None and lean.hidden.shape[:2] == lean.response_ids.shape

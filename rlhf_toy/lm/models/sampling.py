@@ -1,9 +1,11 @@
 """Batched sampling: left-padded prompts, temperature T, top_k 0, top_p 1, stop at EOS.
 
-The decoding loop is our own (`decode`): a forward pass over the prompts (logits of the last position only),
-then one token at a time on the key-value cache, softmax and `torch.multinomial` as `generate` does them, so it
-draws the same tokens from the same seed (a test checks, on GPT-2 and Llama), without `generate`'s per-step
-logits processors, stopping criteria and bookkeeping. A model whose forward does not take `position_ids`,
+The decoding loop is our own (`decode`): a forward pass over the distinct prompts (logits of the last position
+only; rows that share a prompt, as RLOO's and GRPO's groups do, share its prefill), then one token at a time on the
+key-value cache, softmax and `torch.multinomial` as `generate` does them, so it draws the same tokens from the same
+seed (tests check on GPT-2, Llama, GPT-NeoX and Qwen2: bit for bit where no prompt is shared; a shared prefill, run
+on fewer rows, may round a logit differently in the last bit), without `generate`'s per-step logits processors,
+stopping criteria and bookkeeping. A model whose forward does not take `position_ids`,
 `logits_to_keep` and a cache falls back to `generate` (`lean_decoding`).
 """
 
@@ -17,7 +19,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from .causal_lm import token_logprobs
+from .causal_lm import distinct_prompts, token_logprobs
 from .chat import encode_prompts, pad_sequences, widen
 from .devices import model_device
 
@@ -95,17 +97,29 @@ def decode(
     B = ids.shape[0]
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     extra = {cache_arg: cache, "use_cache": True, "output_hidden_states": with_hidden}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1, **extra)
+    # Rows that share a prompt (RLOO's and GRPO's groups) share its prefill: each distinct prompt runs once and
+    # its keys and values are repeated for its rows (an index_select), as `run_on_shared_prompts` does.
+    first, index = distinct_prompts(ids, mask)
+    shared = len(first) < B
+    if shared:
+        ids_, mask_, positions_ = ids[first], mask[first], positions[first]
+    else:
+        ids_, mask_, positions_ = ids, mask, positions
+    out = model(input_ids=ids_, attention_mask=mask_, position_ids=positions_, logits_to_keep=1, **extra)
+    step_logits, step_hidden = out.logits[:, -1], out.hidden_states[-1][:, -1] if with_hidden else None
+    if shared:
+        cache.reorder_cache(index)
+        step_logits, step_hidden = step_logits[index], step_hidden[index] if with_hidden else None
     unfinished = torch.ones(B, dtype=torch.long, device=ids.device)
     tokens: list[Tensor] = []
     logits: list[Tensor] = []
     hidden: list[Tensor] = []
     position = positions[:, -1:]
     for t in range(max_new_tokens):
-        step = out.logits[:, -1].float()
+        step = step_logits.float()
         logits.append(step)
         if with_hidden:
-            hidden.append(out.hidden_states[-1][:, -1])
+            hidden.append(step_hidden)
         if greedy:
             nxt = step.argmax(-1)
         else:
@@ -120,6 +134,7 @@ def decode(
         mask = torch.cat([mask, mask.new_ones(B, 1)], 1)
         position = position + 1
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, **extra)
+        step_logits, step_hidden = out.logits[:, -1], out.hidden_states[-1][:, -1] if with_hidden else None
     return torch.stack(tokens, 1), logits, torch.stack(hidden, 1) if with_hidden else None
 
 
