@@ -57,6 +57,10 @@ def test_phase_flops_by_hand():
     reply_part = 2 * 100 * 2 + 2 * 10 * 2 + 4 * 1 * 2 * 2 * 4.5
     assert shared["policy_forward"] == prompt_part + 2 * reply_part
     assert prompt_part + reply_part == forward  # one row: the same as the unshared pass
+    # sampling prefills the shared prompt once too, then decodes every reply; so does the reward model
+    with_rm = phase_flops(w, Weights(100, 0, 1, 2, ()), batch=2, prompt=3, reply=2, epochs=1, critic=False, group=2)
+    assert with_rm["sample"] == prefill + 2 * decode
+    assert with_rm["reward"] == prompt_part + 2 * (2 * 100 * 2 + 4 * 1 * 2 * 2 * 4.5)
 
 
 def test_floors_measure_the_rate_and_the_distance():

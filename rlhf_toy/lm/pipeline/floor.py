@@ -10,12 +10,12 @@ where `W_trunk` is the number of weights in the blocks' matrix multiplies (`nn.L
 `W_head` the LM head's (d x V), `L` the layers and `d` the width (the last term: attention's QK^T and AV). Per step
 of B sequences, prompt length P and reply length R:
 
-- sampling: the prompt once (t = P, c = (P + 1) / 2, h = 1), then R - 1 decoding steps of one token each
-  (c = P + r), each with its logits;
+- sampling: the prompt once (t = P, c = (P + 1) / 2, h = 1; once per group where G replies share it), then
+  R - 1 decoding steps of one token each (c = P + r), each with its logits;
 - the policy's and the reference's forward passes: t = P + R, c = (P + R + 1) / 2, h = R (the replies' log-probs);
   where a group of G replies shares its prompt (RLOO, GRPO: `shares_prompts`), the prompt's part (t = P) runs
   once per group and each reply's part (t = R, c = P + (R + 1) / 2) once per reply;
-- the reward model: its own trunk on t = P + R, no LM head (it scores whole sequences);
+- the reward model: its own trunk on t = P + R, no LM head (it scores whole sequences), a group's prompt once;
 - the update: 3x a policy forward pass (backward is twice the forward) per sequence per epoch, prompts shared as
   in the forward passes.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -94,19 +94,19 @@ def phase_flops(
     group: int = 1,
 ) -> dict[str, float]:
     """FLOPs of each phase of one step (`critic`: the policy's forward pass runs; otherwise sampling's log-probs
-    are reused; `group`: replies per prompt, whose prompt the forward passes and the update run once)."""
-    t = prompt + reply
+    are reused; `group`: replies per prompt, whose prompt sampling, the forward passes and the update run once)."""
     decode = sum(pass_flops(policy, 1, prompt + r, 1) for r in range(1, reply))
     forward = shared_pass_flops(policy, batch, group, prompt, reply)
     out = {
-        "sample": batch * (pass_flops(policy, prompt, (prompt + 1) / 2, 1) + decode),
+        "sample": batch / group * pass_flops(policy, prompt, (prompt + 1) / 2, 1) + batch * decode,
         "reference_forward": forward,
         "update": 3 * epochs * forward,
     }
     if critic:
         out["policy_forward"] = out["reference_forward"]
     if reward is not None:
-        out["reward"] = batch * pass_flops(reward, t, (t + 1) / 2, 0)
+        # A classifier reads one position's hidden state: no LM head, whatever `weights` found.
+        out["reward"] = shared_pass_flops(replace(reward, head=0), batch, group, prompt, reply)
     return out
 
 
