@@ -6,6 +6,7 @@ import torch
 
 from rlhf_toy.lm.models.base import load_base
 from rlhf_toy.lm.models.causal_lm import response_logprobs
+from rlhf_toy.lm.models.chat import encode_prompts, pad_sequences
 from rlhf_toy.lm.models.lora import LoraConfig, add_lora
 from rlhf_toy.lm.models.sampling import lean_decoding, sample
 from tests.hf_models import ARCHS, tiny_model_dir
@@ -96,3 +97,35 @@ def test_a_group_shares_its_prompts_prefill(bases, arch):
     assert torch.equal(lean.response_ids, gen.response_ids)
     torch.testing.assert_close(lean.logprobs, gen.logprobs, rtol=0, atol=1e-6)
     assert lean.hidden is not None and lean.hidden.shape[:2] == lean.response_ids.shape
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_preallocated_cache_gives_the_growing_caches_numbers(bases, arch, monkeypatch):
+    """The cache written in place (`kv_cache`) against transformers' `DynamicCache`, which re-copies itself every
+    token: the same tokens, logits and hidden states, bit for bit, with grouped prompts (the shared prefill
+    reorders the cache's rows) and with a capacity too small (the layer grows)."""
+    from transformers import DynamicCache
+
+    from rlhf_toy.lm.models import kv_cache, sampling
+
+    model, tok = load_base(bases[arch])
+    grouped = [p for p in PROMPTS[:3] for _ in range(4)]
+    ids, mask = pad_sequences(encode_prompts(tok, grouped), tok.pad_token_id, "left")
+    if kv_cache.DynamicLayer is not None:
+        layers = kv_cache.decoding_cache(model.config, 8, kv_cache.PREALLOCATE_FROM).layers
+        assert all(isinstance(layer, kv_cache.PreallocatedLayer) for layer in layers)
+        short = kv_cache.decoding_cache(model.config, 8, kv_cache.PREALLOCATE_FROM - 1).layers
+        assert not any(isinstance(layer, kv_cache.PreallocatedLayer) for layer in short)
+
+    def draw(make_cache):
+        monkeypatch.setattr(sampling, "decoding_cache", make_cache)
+        torch.manual_seed(5)
+        return sampling.decode(model, ids, mask, 12, 0.7, False, None, tok.pad_token_id, with_hidden=True)
+
+    grown = draw(lambda config, prompt, new: DynamicCache(config=config))
+    for capacity in (None, 3):  # None: prompt + reply, as decode asks; 3: fewer positions than the prompt
+        mine = draw(lambda config, prompt, new, cap=capacity: kv_cache.preallocated_cache(config, cap or prompt + new))
+        assert torch.equal(mine[0], grown[0])
+        assert all(torch.equal(a, b) for a, b in zip(mine[1], grown[1]))
+        assert torch.equal(mine[2], grown[2])

@@ -1,12 +1,13 @@
 """Batched sampling: left-padded prompts, temperature T, top_k 0, top_p 1, stop at EOS.
 
-The decoding loop is our own (`decode`): a forward pass over the distinct prompts (logits of the last position
-only; rows that share a prompt, as RLOO's and GRPO's groups do, share its prefill), then one token at a time on the
-key-value cache, softmax and `torch.multinomial` as `generate` does them, so it draws the same tokens from the same
-seed (tests check on GPT-2, Llama, GPT-NeoX and Qwen2: bit for bit where no prompt is shared; a shared prefill, run
-on fewer rows, may round a logit differently in the last bit), without `generate`'s per-step logits processors,
-stopping criteria and bookkeeping. A model whose forward does not take `position_ids`,
-`logits_to_keep` and a cache falls back to `generate` (`lean_decoding`).
+The decoding loop is our own (`decode`), on a key-value cache allocated once and written in place for long replies
+(`kv_cache`):
+a forward pass over the distinct prompts (logits of the last position only; rows that share a prompt, as RLOO's and
+GRPO's groups do, share its prefill), then one token at a time on the cache, softmax and `torch.multinomial` as
+`generate` does them, so it draws the same tokens from the same seed (tests check on GPT-2, Llama, GPT-NeoX and
+Qwen2: bit for bit where no prompt is shared; a shared prefill, run on fewer rows, may round a logit differently in
+the last bit), without `generate`'s per-step logits processors, stopping criteria and bookkeeping. A model whose
+forward does not take `position_ids`, `logits_to_keep` and a cache falls back to `generate` (`lean_decoding`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
 from .causal_lm import distinct_prompts, token_logprobs
 from .chat import encode_prompts, pad_sequences, widen
 from .devices import model_device
+from .kv_cache import decoding_cache
 
 
 @dataclass
@@ -90,10 +91,7 @@ def decode(
     unless it is 1; `eos_id=None` never stops a row."""
     cache_arg = lean_decoding(model)
     assert cache_arg is not None, "decode() needs a model that lean_decoding() accepts"
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # transformers before 5 builds it without the config
-        cache = DynamicCache()
+    cache = decoding_cache(model.config, ids.shape[1], max_new_tokens)  # long replies: written in place
     B = ids.shape[0]
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     extra = {cache_arg: cache, "use_cache": True, "output_hidden_states": with_hidden}
