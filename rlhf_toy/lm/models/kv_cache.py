@@ -35,20 +35,22 @@ def decoding_cache(config: Any, prompt_length: int, max_new_tokens: int) -> Any:
     """The cache for decoding up to `max_new_tokens` after a `prompt_length`-wide prefill: transformers' growing
     cache for short replies, `preallocated_cache` from `PREALLOCATE_FROM` tokens on."""
     if max_new_tokens < PREALLOCATE_FROM:
-        try:
-            return DynamicCache(config=config)
-        except TypeError:  # transformers before 5 builds it without the config
-            return DynamicCache()
+        return growing_cache(config)
     return preallocated_cache(config, prompt_length + max_new_tokens)
+
+
+def growing_cache(config: Any) -> Any:
+    """transformers' `DynamicCache` for `config` (before transformers 5 it is built without one)."""
+    try:
+        return DynamicCache(config=config)
+    except TypeError:
+        return DynamicCache()
 
 
 def preallocated_cache(config: Any, capacity: int) -> Any:
     """A `DynamicCache` for `config` whose full-attention layers hold up to `capacity` positions in place (more
     still works: a layer that fills up grows once to what it needs)."""
-    try:
-        cache = DynamicCache(config=config)
-    except TypeError:  # transformers before 5 builds it without the config
-        return DynamicCache()
+    cache = growing_cache(config)
     layers = getattr(cache, "layers", None)
     if DynamicLayer is None or not layers:
         return cache

@@ -99,12 +99,9 @@ def decode(
     # its keys and values are repeated for its rows (an index_select), as `run_on_shared_prompts` does.
     first, index = distinct_prompts(ids, mask)
     shared = len(first) < B
-    if shared:
-        ids_, mask_, positions_ = ids[first], mask[first], positions[first]
-    else:
-        ids_, mask_, positions_ = ids, mask, positions
-    out = model(input_ids=ids_, attention_mask=mask_, position_ids=positions_, logits_to_keep=1, **extra)
-    step_logits, step_hidden = out.logits[:, -1], out.hidden_states[-1][:, -1] if with_hidden else None
+    rows = first if shared else slice(None)
+    out = model(input_ids=ids[rows], attention_mask=mask[rows], position_ids=positions[rows], logits_to_keep=1, **extra)
+    step_logits, step_hidden = _last_position(out, with_hidden)
     if shared:
         cache.reorder_cache(index)
         step_logits, step_hidden = step_logits[index], step_hidden[index] if with_hidden else None
@@ -132,8 +129,13 @@ def decode(
         mask = torch.cat([mask, mask.new_ones(B, 1)], 1)
         position = position + 1
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, **extra)
-        step_logits, step_hidden = out.logits[:, -1], out.hidden_states[-1][:, -1] if with_hidden else None
+        step_logits, step_hidden = _last_position(out, with_hidden)
     return torch.stack(tokens, 1), logits, torch.stack(hidden, 1) if with_hidden else None
+
+
+def _last_position(out, with_hidden: bool) -> tuple[Tensor, Tensor | None]:
+    """A forward pass's logits `[B, V]` at the last position (and the last layer's hidden state there, `[B, H]`)."""
+    return out.logits[:, -1], out.hidden_states[-1][:, -1] if with_hidden else None
 
 
 def widen_steps(x: Tensor, steps: int) -> Tensor:
