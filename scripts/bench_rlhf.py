@@ -18,7 +18,10 @@ against GRPOTrainer with the matching loss_type / epsilon_high / importance_samp
 Each size also gets a table of the phases of our step (sampling, the reward model, the policy's and the
 reference's forward passes, the update): seconds per step, FLOPs counted from the model's weights, the GFLOP/s
 this machine's matrix multiplies reach at that phase's shapes (measured in the same process), the floor
-(FLOPs / that rate) and the distance to it (`rlhf_toy/lm/pipeline/floor.py`).
+(FLOPs / that rate) and the distance to it (`rlhf_toy/lm/pipeline/floor.py`). With TRL beside it, one more step on
+each side runs under torch's FlopCounterMode: each side's matrix-multiply work per step, its distance to its
+floor, and how much of the speed ratio is less work and how much faster work (`work_comparison`). Both sides get
+the same prompts and, for the tiny models, the same tokenizer (the same token ids).
 
 `--model` runs both on a pretrained model instead (a directory, a .gguf file or smollm2, converted once into
 runs/bench_base): full-weight PPO on both sides, reward (and TRL's value) model = its trunk with a new head.
@@ -33,7 +36,7 @@ from pathlib import Path
 from rlhf_toy.errors import UserError
 from rlhf_toy.lm.algorithms.online import ALGORITHMS
 from rlhf_toy.lm.models.base import resolve_base_model
-from rlhf_toy.lm.pipeline.bench import TRL_RUNNERS, ours_in_subprocess, trl
+from rlhf_toy.lm.pipeline.bench import TRL_RUNNERS, ours_in_subprocess, trl, work_comparison
 
 PEERS = Path(__file__).resolve().parent / "peers"  # the TRL runners
 
@@ -107,11 +110,35 @@ if __name__ == "__main__":
         report[size]["phases"] = {
             p: {k: statistics.median(r[p][k] for r in phases) for k in phases[0][p]} for p in phases[0]
         }
+        # How much of the ratio is less work: each side's matrix-multiply FLOPs, counted on one step.
+        if a.trl_python and a.algorithm in TRL_RUNNERS and eps.get("trl") and eps.get("rlhf-toy"):
+            one = {**kw, "episodes": a.batch_size}
+            mine = ours_in_subprocess(**one, count_flops=True)
+            theirs = trl(a.trl_python, PEERS, **one, count_flops=True)
+            if mine.get("gflops_per_step") and theirs.get("gflops"):
+                gflops = {"rlhf-toy": mine["gflops_per_step"], "trl": theirs["gflops"] / theirs["updates"]}
+                rate = report[size]["phases"]["update"]["gflop_per_s_at_shapes"]
+                report[size]["work"] = work_comparison(gflops, eps, a.batch_size, rate)
+            else:
+                print(f"note: no FLOP count ({mine.get('error') or theirs.get('error')})", file=sys.stderr)
         print(f"\n{size}: per step, medians of {a.repeats} run(s)")
         print(f"{'phase':<18}{'seconds':>9}{'GFLOPs':>9}{'GFLOP/s':>9}{'floor s':>9}{'distance':>9}")
         for p, f in report[size]["phases"].items():
             print(
                 f"{p:<18}{f['seconds']:>9.4f}{f['gflops']:>9.2f}{f['gflop_per_s_at_shapes']:>9.1f}"
                 f"{f['floor_s']:>9.4f}{f['distance']:>8.2f}x"
+            )
+        if "work" in report[size]:
+            w = report[size]["work"]
+            print(f"{'work per step':<18}{'seconds':>9}{'GFLOPs':>9}{'floor s':>9}{'distance':>9}")
+            for peer in ("rlhf-toy", "trl"):
+                print(
+                    f"{peer:<18}{w[peer]['step_s']:>9.4f}{w[peer]['gflops_per_step']:>9.2f}{w[peer]['floor_s']:>9.4f}"
+                    f"{w[peer]['distance']:>8.2f}x"
+                )
+            print(
+                f"TRL does {w['work_ratio']:.2f}x our matrix-multiply work; we are {w['speed_ratio']:.2f}x as fast, so "
+                f"our FLOPs run {w['efficiency_ratio']:.2f}x as fast as TRL's; {w['target']:g}x would take "
+                f"{w['efficiency_for_target']:.2f}x"
             )
     print(json.dumps(report, indent=2))

@@ -179,6 +179,41 @@ def test_critic_free_rollouts_take_log_probs_from_the_sampler(llama, algorithm):
         torch.testing.assert_close(x[m], y[m], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo"])
+def test_without_a_critic_the_value_head_is_frozen_and_never_run(llama, algorithm):
+    """A critic-free update spends nothing on the value head (it is not run, has no gradient, never moves), and
+    trains the language model as when the head ran with a zero-weight loss, as it did before."""
+    preset, k = PRESETS[algorithm]
+    steps = {}
+    for name, head_runs in (("frozen", False), ("run", True)):
+        model, tok = load_base(llama)
+        trainer = RLHFTrainer(
+            model,
+            lambda p, t: [float(len(x)) for x in t],
+            tok,
+            RLHFConfig(batch_size=8, group_size=k, max_new_tokens=8),
+            replace(preset, minibatch_size=8),
+            PROMPTS,
+            seed=0,
+            algorithm=algorithm,
+        )
+        assert not trainer.policy.critic and not any(p.requires_grad for p in trainer.policy.value_head.parameters())
+        head = [p.detach().clone() for p in trainer.policy.value_head.parameters()]
+        calls: list[int] = []
+        trainer.policy.value_head.register_forward_hook(lambda *a, calls=calls: calls.append(1))
+        if head_runs:  # the behaviour before: the head ran and took part in the update with vf_coef 0
+            trainer.policy.critic = True
+            trainer.policy.value_head.requires_grad_(True)
+        trainer.step()
+        assert bool(calls) == head_runs
+        if not head_runs:
+            assert all(torch.equal(a, b) for a, b in zip(head, trainer.policy.value_head.parameters()))
+        steps[name] = [p.detach().clone() for p in trainer.policy.lm.parameters()]
+    # to float rounding: the gradient norm that clipping reads no longer sums the head's zero gradients
+    for a, b in zip(steps["frozen"], steps["run"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
 def test_groups_are_whole_prompts_repeated(llama):
     model, tok = load_base(llama)
     trainer = RLHFTrainer(

@@ -27,9 +27,20 @@ def add_common_args(p):
     p.add_argument("--n-head", type=int, default=2)
     p.add_argument("--n-positions", type=int, default=64)
     p.add_argument("--vocab-size", type=int, default=512, help="BPE target vocab size")
+    p.add_argument(
+        "--tokenizer-dir",
+        default=None,
+        help="tiny models: a saved tokenizer to use instead of training a BPE (scripts/bench_rlhf.py passes "
+        "rlhf-toy's, so that both sides run on the same token ids)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true", help="keep transformers/TRL logs")
+    p.add_argument(
+        "--count-flops",
+        action="store_true",
+        help="count the run's matrix-multiply FLOPs (torch's FlopCounterMode; slower, so a short run: one update)",
+    )
 
 
 def configure(threads):
@@ -79,6 +90,22 @@ def scalar_head_model(model_dir, tokenizer):
     return model
 
 
+def flop_counter(on):
+    """torch's `FlopCounterMode` (every matrix multiply run inside it, forward and backward) when `on`, else a
+    context that counts nothing and gives None. The CPU's fused attention kernel has no formula there: both
+    sides' counts leave attention's products out alike."""
+    import contextlib
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    return FlopCounterMode(display=False) if on else contextlib.nullcontext()
+
+
+def gflops(counter):
+    """The FLOPs a `flop_counter` counted, in GFLOPs (None when it counted nothing)."""
+    return None if counter is None else counter.get_total_flops() / 1e9
+
+
 def logger(prefix):
     def log(msg):
         print(f"[{prefix}] {msg}", file=sys.stderr, flush=True)
@@ -119,6 +146,14 @@ def build_tokenizer(out_dir, rng, vocab_size, extra_lines=()):
     )
     hf_tok.save_pretrained(out_dir)
     return PreTrainedTokenizerFast.from_pretrained(out_dir, padding_side="left")
+
+
+def tiny_tokenizer(out_dir, rng, a, extra_lines=()):
+    """The tiny models' tokenizer: the one saved in `--tokenizer-dir`, or else a BPE of `--vocab-size` trained here
+    (`build_tokenizer`)."""
+    if a.tokenizer_dir:
+        return pretrained_tokenizer(a.tokenizer_dir)
+    return build_tokenizer(out_dir, rng, a.vocab_size, extra_lines)
 
 
 def tiny_gpt2_config(tokenizer, n_positions, n_embd, n_layer, n_head):

@@ -7,7 +7,8 @@ Benchmark harness, not product code. Everything is built offline:
 * prompts: ``--prompts-file`` (a JSON list of texts; ``scripts/bench_rlhf.py`` writes rlhf-toy's helpdesk
   prompts), given to TRL as its ``prompt`` column: plain text, or one user turn (conversational format, so that
   TRL applies the tokenizer's chat template) when the tokenizer has a chat template;
-* tiny mode: a byte-level BPE (vocab ~512, [PAD] distinct from EOS, left padding) trained with ``tokenizers`` on
+* tiny mode: ``--tokenizer-dir`` (rlhf-toy's, from ``scripts/bench_rlhf.py``: the same token ids on both sides),
+  or else a byte-level BPE (vocab ~512, [PAD] distinct from EOS, left padding) trained with ``tokenizers`` on
   a generated corpus plus the prompts; ``GPT2LMHeadModel`` policy and ``GPT2ForSequenceClassification(num_labels=1)``
   reward model, random init (this measures throughput, not learning);
 * ``--model-dir``: policy from the pretrained directory, reward model = its trunk with a fresh scalar head.
@@ -23,8 +24,10 @@ Everything else is the trainer's default (RLOO: leave-one-out baseline, KL in th
 advantages, k3 KL in the loss, ``loss_type="dapo"``).
 
 Only ``trainer.train()`` is timed. stdout carries exactly one JSON line: ``trl_version, trainer, episodes,
-batch_size, group_size, response_length, n_layer, n_embd, train_s, episodes_per_s, tokens_per_s, peak_rss_mb``
-(an episode = one sampled completion, as in rlhf-toy). Everything else goes to stderr.
+batch_size, group_size, response_length, n_layer, n_embd, train_s, episodes_per_s, tokens_per_s, peak_rss_mb,
+updates, gflops``
+(an episode = one sampled completion, as in rlhf-toy; ``gflops``: the run's matrix-multiply GFLOPs under
+``--count-flops``, else null). Everything else goes to stderr.
 
 Usage (its own venv: the newest trl pins its own versions):
     python3 -m venv .venv-trl-new && .venv-trl-new/bin/pip install torch==2.13.0 && \\
@@ -37,14 +40,16 @@ import sys
 
 from peer_common import (
     add_common_args,
-    build_tokenizer,
     configure,
+    flop_counter,
+    gflops,
     logger,
     peak_rss_mb,
     pretrained_tokenizer,
     quiet_libraries,
     scalar_head_model,
     tiny_gpt2_config,
+    tiny_tokenizer,
 )
 
 
@@ -101,7 +106,7 @@ log = logger("trl_critic_free_bench")
 
 
 def tiny_models(tmp, prompts, a):
-    tokenizer = build_tokenizer(os.path.join(tmp, "tokenizer"), random.Random(a.seed), a.vocab_size, prompts)
+    tokenizer = tiny_tokenizer(os.path.join(tmp, "tokenizer"), random.Random(a.seed), a, prompts)
     cfg = tiny_gpt2_config(tokenizer, a.n_positions, a.n_embd, a.n_layer, a.n_head)
     torch.manual_seed(a.seed)
     path = os.path.join(tmp, "policy")  # TRL loads the reference model from the policy's name_or_path
@@ -181,7 +186,7 @@ def main():
             f"updates={updates} optimizer_steps={cfg.max_steps} generation_batch={cfg.generation_batch_size} "
             f"threads={torch.get_num_threads()} device={trainer.accelerator.device}"
         )
-        with contextlib.redirect_stdout(sys.stderr):  # TRL's metric dicts
+        with contextlib.redirect_stdout(sys.stderr), flop_counter(a.count_flops) as counter:  # TRL's metric dicts
             t0 = time.perf_counter()
             trainer.train()
             train_s = time.perf_counter() - t0
@@ -206,6 +211,8 @@ def main():
                 "episodes_per_s": round(episodes / train_s, 3),
                 "tokens_per_s": round(episodes * a.response_length / train_s, 1),
                 "peak_rss_mb": peak_rss_mb(),
+                "updates": updates,
+                "gflops": gflops(counter),  # with --count-flops: the run's matrix-multiply GFLOPs, else None
             }
         ),
         flush=True,

@@ -370,7 +370,8 @@ class RLHFTrainer:
         if isinstance(reward_model, torch.nn.Module):
             reward_model = reward_model.eval().requires_grad_(False)
         self.reward_model = reward_model
-        self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature)  # eval(): dropout stays off
+        # eval(): dropout stays off. A critic-free algorithm keeps the value head frozen and never runs it.
+        self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature, critic=self.algorithm.needs_values(ppo))
         # Two param groups: the language model, and the fresh value head at `value_lr_scale` times its lr.
         self.optimizer = make_optimizer(
             [{"params": trainable_parameters(self.policy.lm)}, {"params": list(self.policy.value_head.parameters())}],

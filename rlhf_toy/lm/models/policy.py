@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .causal_lm import response_logprobs
@@ -12,17 +13,19 @@ class PolicyWithValueHead(nn.Module):
     """`evaluate((prompt_ids, prompt_mask), response_ids) -> (logprobs, entropy, values)`, each `[B, R]`.
 
     The value head reads the trunk's last hidden states *detached*: its loss trains the head only, never the
-    language model (a value loss flowing into a shared trunk destabilized PPO in a small test here).
+    language model (a value loss flowing into a shared trunk destabilized PPO in a small test here). Without a
+    `critic` (RLOO, the GRPO family: nothing reads the values) the head is kept, frozen, but not run: the values
+    are zeros, and the update spends nothing on them.
     """
 
-    def __init__(self, lm: nn.Module, temperature: float, value_hidden: int = 128) -> None:
+    def __init__(self, lm: nn.Module, temperature: float, value_hidden: int = 128, critic: bool = True) -> None:
         super().__init__()
-        self.lm, self.temperature = lm, temperature
+        self.lm, self.temperature, self.critic = lm, temperature, critic
         width = lm.config.hidden_size  # every architecture's name for it (GPT-2 maps n_embd)
         self.value_head = nn.Sequential(nn.Linear(width, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
         nn.init.zeros_(self.value_head[2].weight)
         nn.init.zeros_(self.value_head[2].bias)
-        self.value_head.to(model_device(lm))
+        self.value_head.to(model_device(lm)).requires_grad_(critic)
 
     def forward(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The same as `evaluate` (what `DistributedDataParallel` calls)."""
@@ -30,6 +33,9 @@ class PolicyWithValueHead(nn.Module):
 
     def evaluate(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         prompt_ids, prompt_mask = observations
+        if not self.critic:
+            logprobs, entropy = response_logprobs(self.lm, prompt_ids, prompt_mask, actions, self.temperature)
+            return logprobs, entropy, torch.zeros_like(logprobs)
         logprobs, entropy, hidden = response_logprobs(
             self.lm, prompt_ids, prompt_mask, actions, self.temperature, return_hidden=True
         )

@@ -9,6 +9,7 @@ versions; the script `scripts/bench_rlhf.py` passes their folder in); the docs' 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
 from rlhf_toy.report.page import PHASES
@@ -31,8 +33,8 @@ from ..algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
 from ..data.tasks import helpdesk_task
 from ..models.base import load_base
 from ..models.causal_lm import ModelConfig, new_causal_lm
-from ..models.chat import train_tokenizer
-from .floor import floors, weights
+from ..models.chat import prompt_text, train_tokenizer
+from .floor import floors, value_head_weights, weights
 from .run import quiet_libraries
 
 # The TRL runner of each algorithm that TRL has (file names in the peers folder the caller passes).
@@ -68,20 +70,23 @@ def ours(
     threads: int,
     model_dir: str | None = None,
     algorithm: str = "ppo",
+    count_flops: bool = False,
 ) -> dict[str, Any]:
     """This project's PPO (or RLOO / GRPO with 4 replies per prompt and the algorithm's own preset: RLOO one
     pass of 4 minibatches, GRPO 4 clipped epochs of them and the KL as a k3 term in the loss, as TRL's
     trainers do) on a random tiny GPT-2 of the given size, or on the pretrained model in `model_dir` (policy
-    from it, reward model = its trunk with a fresh scalar head, as the TRL runners build them)."""
+    from it, reward model = its trunk with a fresh scalar head, as the TRL runners build them). `count_flops` runs
+    the steps under torch's `FlopCounterMode` and reports their matrix-multiply GFLOPs per step (`gflops_per_step`,
+    as the TRL runners' `--count-flops`; the counter slows the run, so its times are no measurement)."""
     torch.set_num_threads(threads)
     quiet_libraries()
-    task = helpdesk_task(n_train=4000, n_eval=10)
+    task = bench_task()
     if model_dir:
         policy, tok = load_base(model_dir)
         torch.manual_seed(0)
         rm = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1).eval()
     else:
-        tok = train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], 512)
+        tok = bench_tokenizer()
         cfg = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=2, n_positions=64)
         policy = new_causal_lm(tok, cfg, seed=0)
         rm_cfg = GPT2Config(
@@ -117,8 +122,9 @@ def ours(
     trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
     t0 = time.perf_counter()
     rows = []
-    for _ in range(rl.steps):
-        rows.append(trainer.step())
+    with FlopCounterMode(display=False) if count_flops else contextlib.nullcontext() as counter:
+        for _ in range(rl.steps):
+            rows.append(trainer.step())
     train_s = time.perf_counter() - t0
     assert all(r["policy/response_length"] == response_length for r in rows), rows
     n = rl.steps * batch_size
@@ -135,6 +141,7 @@ def ours(
         preset.minibatch_size,
         alg.needs_values(preset),
         rl.group_size,
+        value_head_weights(trainer.policy),
     )
     return {
         "peer": "rlhf-toy",
@@ -149,6 +156,7 @@ def ours(
         "tokens_per_s": n * response_length / train_s,
         "step_s": statistics.median(r["time/step_s"] for r in later),
         "phases": floor,
+        "gflops_per_step": None if counter is None else counter.get_total_flops() / 1e9 / rl.steps,
     }
 
 
@@ -164,10 +172,12 @@ def trl(
     skip_gc: bool = False,
     model_dir: str | None = None,
     algorithm: str = "ppo",
+    count_flops: bool = False,
 ) -> dict[str, Any]:
     """TRL on the same settings in its own venv, through the runner in the folder `peers` (`TRL_RUNNERS`): PPO
     through `trl_ppo_bench.py` (trl 1.12, the last with PPO), RLOO / GRPO through `trl_critic_free_bench.py`
-    (the newest trl's RLOOTrainer / GRPOTrainer)."""
+    (the newest trl's RLOOTrainer / GRPOTrainer). `count_flops`: count the run's matrix-multiply FLOPs
+    (`gflops`; its times are no measurement)."""
     runner = peers / TRL_RUNNERS[algorithm]
     common = [
         "--episodes",
@@ -184,9 +194,7 @@ def trl(
         str(threads),
     ]
     if algorithm == "ppo":
-        cmd = [python, str(runner), *common]
-        if model_dir:  # the same prompts as `ours`, in the model's chat template
-            cmd += ["--prompts-file", str(prompts_file())]
+        cmd = [python, str(runner), *common, *same_job(model_dir)]
         if skip_gc:
             cmd.append("--skip-gc-collect")
     else:
@@ -196,8 +204,7 @@ def trl(
             "--trainer",
             "rloo" if algorithm == "rloo" else "grpo",
             *TRL_GRPO_FAMILY.get(algorithm, []),
-            "--prompts-file",
-            str(prompts_file()),
+            *same_job(model_dir),
             "--group-size",
             str(ALGORITHMS[algorithm].default_group_size),
             "--minibatch-size",
@@ -206,7 +213,48 @@ def trl(
         ]
     if model_dir:
         cmd += ["--model-dir", str(model_dir)]
+    if count_flops:
+        cmd.append("--count-flops")
     return run_json(cmd, threads, "trl" + ("-nogc" if skip_gc else ""))
+
+
+def work_comparison(
+    gflops_per_step: dict[str, float],
+    episodes_per_s: dict[str, float],
+    batch_size: int,
+    gflop_per_s: float,
+    target: float = 3.0,
+) -> dict[str, Any]:
+    """How much of a speed ratio is less work and how much faster work, from each side's matrix-multiply GFLOPs per
+    step (`gflops_per_step`, counted by torch's `FlopCounterMode` on one step: "rlhf-toy" and "trl") and its
+    measured episodes/s.
+
+    Per side: the step's seconds (`batch_size` / episodes/s), its floor at `gflop_per_s` (the rate this machine's
+    matrix multiplies reach at the update's shapes) and the distance to it. Then `work_ratio` (TRL's FLOPs over
+    ours: the speed ratio if both sides ran their FLOPs equally fast), `speed_ratio`, `efficiency_ratio` (=
+    speed / work: how much faster our FLOPs run than TRL's) and `efficiency_for_target`, the efficiency ratio
+    that a speed ratio of `target` would take.
+    """
+    out: dict[str, Any] = {}
+    for peer in ("rlhf-toy", "trl"):
+        step_s = batch_size / episodes_per_s[peer]
+        floor_s = gflops_per_step[peer] / gflop_per_s
+        out[peer] = {
+            "gflops_per_step": gflops_per_step[peer],
+            "step_s": step_s,
+            "floor_s": floor_s,
+            "distance": step_s / floor_s,
+        }
+    work = gflops_per_step["trl"] / gflops_per_step["rlhf-toy"]
+    speed = episodes_per_s["rlhf-toy"] / episodes_per_s["trl"]
+    out.update(
+        work_ratio=work,
+        speed_ratio=speed,
+        efficiency_ratio=speed / work,
+        target=target,
+        efficiency_for_target=target / work,
+    )
+    return out
 
 
 def ours_in_subprocess(**kw: Any) -> dict[str, Any]:
@@ -214,12 +262,33 @@ def ours_in_subprocess(**kw: Any) -> dict[str, Any]:
     return run_json([sys.executable, "-c", code], kw["threads"], "rlhf-toy")
 
 
+def bench_task():
+    """The help-desk prompts both sides train on."""
+    return helpdesk_task(n_train=4000, n_eval=10)
+
+
 @functools.cache
-def prompts_file() -> Path:
-    """The prompts `ours` trains on, as a JSON file for the TRL runners (written once per process)."""
-    path = Path(tempfile.mkdtemp()) / "prompts.json"
-    path.write_text(json.dumps(helpdesk_task(n_train=4000, n_eval=10).train_prompts))
-    return path
+def bench_tokenizer():
+    """The tiny models' tokenizer: a 512-token BPE of the task's prompts and replies (one per process)."""
+    task = bench_task()
+    return train_tokenizer([p for p, _ in task.train] + [r for _, r in task.train], 512)
+
+
+@functools.cache
+def same_job(model_dir: str | None) -> tuple[str, ...]:
+    """The TRL runners' arguments that give them `ours`' job (written once per process): the same prompts and, for
+    the tiny models, this project's tokenizer (`--tokenizer-dir`) and its prompt format, so that both sides
+    sample from the same token ids. A pretrained model's runner uses the model's own tokenizer and chat template,
+    as `ours` does."""
+    folder = Path(tempfile.mkdtemp())
+    prompts = bench_task().train_prompts
+    args: tuple[str, ...] = ("--prompts-file", str(folder / "prompts.json"))
+    if not model_dir:
+        prompts = [prompt_text(p) for p in prompts]  # ids equal `encode_prompts`' under this tokenizer
+        bench_tokenizer().save_pretrained(str(folder / "tokenizer"))
+        args += ("--tokenizer-dir", str(folder / "tokenizer"))
+    (folder / "prompts.json").write_text(json.dumps(prompts))
+    return args
 
 
 def run_json(cmd: list[str], threads: int, peer: str) -> dict[str, Any]:

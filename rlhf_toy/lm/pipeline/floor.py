@@ -12,12 +12,18 @@ of B sequences, prompt length P and reply length R:
 
 - sampling: the prompt once (t = P, c = (P + 1) / 2, h = 1; once per group where G replies share it), then
   R - 1 decoding steps of one token each (c = P + r), each with its logits;
-- the policy's and the reference's forward passes: t = P + R, c = (P + R + 1) / 2, h = R (the replies' log-probs);
-  where a group of G replies shares its prompt (RLOO, GRPO: `shares_prompts`), the prompt's part (t = P) runs
-  once per group and each reply's part (t = R, c = P + (R + 1) / 2) once per reply;
-- the reward model: its own trunk on t = P + R, no LM head (it scores whole sequences), a group's prompt once;
+- the policy's and the reference's forward passes: t = P + R, c = (P + R + 1) / 2, h = R + 1 (the replies'
+  log-probs; `logits_to_keep` keeps a suffix, whose last logit goes unread); where a group of G replies shares its
+  prompt (RLOO, GRPO: `shares_prompts`), the prompt's part (t = P, h = 1) runs once per group and each reply's
+  part (t = R, c = P + (R + 1) / 2, h = R) once per reply;
+- the reward model: its own trunk on t = P + R + 1 (the reply with an EOS appended), a group's prompt once, and
+  its scalar head at one position a sequence;
 - the update: 3x a policy forward pass (backward is twice the forward) per sequence per epoch, prompts shared as
-  in the forward passes.
+  in the forward passes; with a critic, its value head on each reply token, whose backward skips the detached
+  features' gradient (`4 W_1 + 6 W_2` a token for its two layers).
+
+A test runs whole steps under torch's `FlopCounterMode` and finds these counts to the FLOP, attention aside
+(the counter has no formula for the CPU's fused attention kernel).
 
 The floor of a phase is its FLOPs over the throughput the machine's matrix multiplies reach *at that phase's
 shapes*, measured in the same process (`gemm_rate`: each distinct weight shape of the model, multiplied by an
@@ -51,6 +57,7 @@ class Weights:
 def weights(model: Any) -> Weights:
     """Count `model`'s matmul weights (a transformers causal LM or sequence classifier)."""
     head_module = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_module = head_module or getattr(model, "score", None)  # a sequence classifier's scalar head
     shapes: Counter[tuple[int, int]] = Counter()
     trunk = head = 0
     for module in model.modules():
@@ -70,6 +77,14 @@ def weights(model: Any) -> Weights:
     return Weights(trunk, head, cfg.num_hidden_layers, cfg.hidden_size, tuple(sorted(shapes.items())))
 
 
+def value_head_weights(policy: Any) -> tuple[int, int]:
+    """The weights of a `PolicyWithValueHead`'s two value layers while it has a critic, else `(0, 0)`."""
+    if not policy.critic:
+        return (0, 0)
+    first, *_, last = (m for m in policy.value_head if isinstance(m, torch.nn.Linear))
+    return (first.weight.numel(), last.weight.numel())
+
+
 def pass_flops(w: Weights, tokens: float, keys: float, logits: float) -> float:
     """FLOPs of one sequence's pass over `tokens` new tokens attending `keys` keys on average, with `logits`
     positions through the head (the module docstring's formula)."""
@@ -78,8 +93,12 @@ def pass_flops(w: Weights, tokens: float, keys: float, logits: float) -> float:
 
 def shared_pass_flops(w: Weights, rows: int, group: int, prompt: int, reply: int) -> float:
     """FLOPs of a forward pass over `rows` prompt + reply sequences whose groups of `group` share their prompt's
-    pass (group 1: every row runs its own; the same as `rows * pass_flops(w, P + R, (P + R + 1) / 2, R)`)."""
-    prompts = rows / group * pass_flops(w, prompt, (prompt + 1) / 2, 0)
+    pass (group 1: every row runs its own). The head runs on R + 1 positions a sequence: on the last R + 1 of each
+    row (`logits_to_keep`: a suffix, whose last logit is not read), or where the prompt is shared, on its last
+    position once per group and on each reply's R."""
+    if group == 1:
+        return rows * pass_flops(w, prompt + reply, (prompt + reply + 1) / 2, reply + 1)
+    prompts = rows / group * pass_flops(w, prompt, (prompt + 1) / 2, 1)
     return prompts + rows * pass_flops(w, reply, prompt + (reply + 1) / 2, reply)
 
 
@@ -92,21 +111,25 @@ def phase_flops(
     epochs: float,
     critic: bool,
     group: int = 1,
+    value_head: tuple[int, int] = (0, 0),
 ) -> dict[str, float]:
     """FLOPs of each phase of one step (`critic`: the policy's forward pass runs; otherwise sampling's log-probs
-    are reused; `group`: replies per prompt, whose prompt sampling, the forward passes and the update run once)."""
+    are reused; `group`: replies per prompt, whose prompt sampling, the forward passes and the update run once;
+    `value_head`: the weights of a critic's two layers, trained in the update)."""
     decode = sum(pass_flops(policy, 1, prompt + r, 1) for r in range(1, reply))
     forward = shared_pass_flops(policy, batch, group, prompt, reply)
     out = {
         "sample": batch / group * pass_flops(policy, prompt, (prompt + 1) / 2, 1) + batch * decode,
         "reference_forward": forward,
-        "update": 3 * epochs * forward,
+        "update": 3 * epochs * forward + epochs * batch * reply * (4 * value_head[0] + 6 * value_head[1]),
     }
     if critic:
         out["policy_forward"] = out["reference_forward"]
     if reward is not None:
-        # A classifier reads one position's hidden state: no LM head, whatever `weights` found.
-        out["reward"] = shared_pass_flops(replace(reward, head=0), batch, group, prompt, reply)
+        # The trunk reads the reply with an EOS appended (the replies here run to the limit; one that ends at EOS
+        # reads one token less); the scalar head reads one position a sequence.
+        trunk = shared_pass_flops(replace(reward, head=0), batch, group, prompt, reply + 1)
+        out["reward"] = trunk + batch * 2 * reward.head
     return out
 
 
@@ -151,10 +174,11 @@ def floors(
     minibatch: int,
     critic: bool,
     group: int = 1,
+    value_head: tuple[int, int] = (0, 0),
 ) -> dict[str, dict[str, float]]:
     """Per phase: measured seconds per step, GFLOPs, the GFLOP/s measured at its shapes, the floor in seconds and
     the distance (measured / floor)."""
-    flops = phase_flops(policy, reward, batch, prompt, reply, epochs, critic, group)
+    flops = phase_flops(policy, reward, batch, prompt, reply, epochs, critic, group, value_head)
     rows = phase_rows(batch, prompt, reply, minibatch)
     rates: dict[int, float] = {}
     out = {}
