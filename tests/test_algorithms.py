@@ -132,20 +132,11 @@ def test_each_online_method_raises_a_rule_reward(llama, algorithm):
     assert all(math.isfinite(r["objective/kl"]) for r in rows)
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "grpo"])
-def test_critic_free_rollouts_take_log_probs_from_the_sampler(llama, algorithm):
-    """Without a critic, a rollout's log-probs come from `generate`'s logits instead of a second forward pass: the
-    same experience (draws, KL, advantages) as with the forward pass, to float rounding; with a value loss that
-    counts (vf_coef > 0) the forward pass and the value head run as before."""
-    from rlhf_toy.lm.algorithms import rlhf as rlhf_module
-
+def critic_free_trainer(model_dir, algorithm):
+    """A trainer of `algorithm`'s preset on the tiny model, rewarding length: 8 replies in groups of its size."""
     preset, k = PRESETS[algorithm]
-    record = ALGORITHMS[algorithm]
-    assert not record.needs_values(preset) and record.needs_values(replace(preset, vf_coef=0.5))
-    assert ALGORITHMS["ppo"].needs_values(LM_PPO)
-    assert ALGORITHMS["reinforce_baseline"].needs_values(LM_REINFORCE_BASELINE)
-    model, tok = load_base(llama)
-    trainer = RLHFTrainer(
+    model, tok = load_base(model_dir)
+    return RLHFTrainer(
         model,
         lambda p, t: [float(len(x)) for x in t],
         tok,
@@ -155,6 +146,22 @@ def test_critic_free_rollouts_take_log_probs_from_the_sampler(llama, algorithm):
         seed=0,
         algorithm=algorithm,
     )
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo"])
+def test_critic_free_rollouts_take_log_probs_from_the_sampler(llama, algorithm):
+    """Without a critic, a rollout's log-probs come from `generate`'s logits instead of a second forward pass: the
+    same experience (draws, KL, advantages) as with the forward pass, to float rounding; with a value loss that
+    counts (vf_coef > 0) the forward pass and the value head run as before."""
+    from rlhf_toy.lm.algorithms import rlhf as rlhf_module
+
+    preset = PRESETS[algorithm][0]
+    record = ALGORITHMS[algorithm]
+    assert not record.needs_values(preset) and record.needs_values(replace(preset, vf_coef=0.5))
+    assert ALGORITHMS["ppo"].needs_values(LM_PPO)
+    assert ALGORITHMS["reinforce_baseline"].needs_values(LM_REINFORCE_BASELINE)
+    trainer = critic_free_trainer(llama, algorithm)
+    tok = trainer.tok
     prompts = trainer.next_prompts()
     runs = {}
     for name, critic in (("sampler", False), ("forward", True)):
@@ -183,20 +190,9 @@ def test_critic_free_rollouts_take_log_probs_from_the_sampler(llama, algorithm):
 def test_without_a_critic_the_value_head_is_frozen_and_never_run(llama, algorithm):
     """A critic-free update spends nothing on the value head (it is not run, has no gradient, never moves), and
     trains the language model as when the head ran with a zero-weight loss, as it did before."""
-    preset, k = PRESETS[algorithm]
     steps = {}
     for name, head_runs in (("frozen", False), ("run", True)):
-        model, tok = load_base(llama)
-        trainer = RLHFTrainer(
-            model,
-            lambda p, t: [float(len(x)) for x in t],
-            tok,
-            RLHFConfig(batch_size=8, group_size=k, max_new_tokens=8),
-            replace(preset, minibatch_size=8),
-            PROMPTS,
-            seed=0,
-            algorithm=algorithm,
-        )
+        trainer = critic_free_trainer(llama, algorithm)
         assert not trainer.policy.critic and not any(p.requires_grad for p in trainer.policy.value_head.parameters())
         head = [p.detach().clone() for p in trainer.policy.value_head.parameters()]
         calls: list[int] = []
