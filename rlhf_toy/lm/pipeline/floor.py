@@ -57,7 +57,8 @@ class Weights:
 def weights(model: Any) -> Weights:
     """Count `model`'s matmul weights (a transformers causal LM or sequence classifier)."""
     head_module = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head_module = head_module or getattr(model, "score", None)  # a sequence classifier's scalar head
+    if head_module is None:  # a sequence classifier: its scalar head
+        head_module = getattr(model, "score", None)
     shapes: Counter[tuple[int, int]] = Counter()
     trunk = head = 0
     for module in model.modules():
