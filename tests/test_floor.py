@@ -104,7 +104,7 @@ def test_work_comparison_by_hand():
     assert w["efficiency_for_target"] == 1.5
 
 
-def test_the_trl_runners_get_the_same_token_ids(tmp_path):
+def test_the_trl_runners_get_the_same_token_ids():
     """`same_job` hands the TRL runners this project's prompts and tokenizer: the runners' encoding of the prompts
     file (`tokenizer.encode`, no chat template) gives exactly the ids `ours` samples from."""
     import json
