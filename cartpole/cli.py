@@ -17,7 +17,7 @@ from .agent import load_agent
 from .evaluate import evaluate
 from .lesson import TITLES, LessonConfig
 from .lesson import main as run_lesson
-from .train import CARTPOLE_PPO, TrainConfig, train
+from .train import CARTPOLE_PPO, UNREAD, TrainConfig, train
 
 
 @dataclass
@@ -94,7 +94,11 @@ def _lesson(name: str) -> Command:
 
 COMMANDS = {
     "train": Command(
-        "Train a PPO agent; prints one JSON summary line.", (TrainConfig, PPOConfig), _train, defaults=CARTPOLE_PPO
+        "Train a PPO agent; prints one JSON summary line.",
+        (TrainConfig, PPOConfig),
+        _train,
+        defaults=CARTPOLE_PPO,
+        unread=UNREAD,
     ),
     "eval": Command("Evaluate a saved agent; prints mean and std return as JSON.", (EvalConfig,), _eval),
     "watch": Command("Render a trained and an untrained agent to animated GIFs.", (WatchConfig,), _watch),

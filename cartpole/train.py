@@ -49,9 +49,25 @@ class TrainResult:
     episode_steps: list[int]  # total env steps when each ended
 
 
+# PPOConfig's settings a CartPole agent does not read, with why: `cartpole train` refuses them as flags, and
+# `train` refuses a config that changes them.
+UNREAD = {
+    name: "a CartPole sample is one env step: there are no tokens to aggregate or to average ratios over"
+    for name in ("ratio_level", "loss_aggregation")
+}
+
+
+def check_reads(ppo: PPOConfig) -> None:
+    """Refuse a `PPOConfig` that changes a setting CartPole does not read (`UNREAD`)."""
+    for name, why in UNREAD.items():
+        if getattr(ppo, name) != "token":
+            raise UserError(f"{name}={getattr(ppo, name)!r} means nothing here: {why}; leave it at 'token'")
+
+
 def train(cfg: TrainConfig, ppo: PPOConfig | None = None) -> dict[str, Any]:
     """Train, write the run directory, and return the summary (also saved as `summary.json`). With `cfg.seeds`,
     train a population (`cartpole.population.train_population`) and return its summary."""
+    check_reads(ppo or CARTPOLE_PPO)
     if cfg.seed_list is not None:
         return train_population(cfg, cfg.seed_list, ppo or CARTPOLE_PPO)["summary"]
     return run_training(cfg, ppo).summary

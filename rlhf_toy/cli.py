@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, is_dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, NoReturn
 
 from .errors import UserError
@@ -22,6 +22,8 @@ class Command:
 
     `defaults` is a dict of flag values, or a config instance (a preset) whose fields become the defaults.
     `positional` names a list flag that the arguments before the first flag fill (`report A B` = `report --runs A B`).
+    `unread` maps the fields of its configs that this command does not read to why: such a flag is refused with
+    one line (never ignored) and left out of `--help` and the reference page.
     """
 
     help: str
@@ -29,6 +31,7 @@ class Command:
     run: Callable[..., int | None]
     defaults: Any = None
     positional: str | None = None
+    unread: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -59,7 +62,9 @@ def dispatch(prog: str, commands: dict[str, Command | Group], argv: Sequence[str
         bare = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
         if bare:
             args = [f"--{cmd.positional}", *args]
-    configs = parse_configs(cmd.configs, args, prog=f"{prog} {argv[0]}", help=cmd.help, defaults=cmd.defaults)
+    configs = parse_configs(
+        cmd.configs, args, prog=f"{prog} {argv[0]}", help=cmd.help, defaults=cmd.defaults, unread=cmd.unread
+    )
     return int(cmd.run(*configs) or 0)
 
 
@@ -68,10 +73,26 @@ def one_line_error(prog: str, message: str) -> NoReturn:
     raise UserError(f"{prog}: {message}; see {prog} --help")
 
 
+def flag_names(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """`(flag as typed, config field)` of each flag in `argv` (`--x 1`, `--x=1`: `x`; `--no_x`: `x` too)."""
+    flags = [a.split("=", 1)[0] for a in argv if a.startswith("--") and len(a) > 2]
+    return [(f, f[5:] if f.startswith("--no_") else f[2:]) for f in flags]
+
+
 def parse_configs(
-    configs: tuple[type, ...], argv: Sequence[str], prog: str, help: str, defaults: Any = None
+    configs: tuple[type, ...],
+    argv: Sequence[str],
+    prog: str,
+    help: str,
+    defaults: Any = None,
+    unread: Mapping[str, str] | None = None,
 ) -> tuple[Any, ...]:
-    """Flags -> validated config dataclasses; every complaint becomes a one-line `UserError`."""
+    """Flags -> validated config dataclasses; every complaint becomes a one-line `UserError`. A flag of `unread`
+    (a field this command does not read) is refused with its reason."""
+    unread = unread or {}
+    for flag, name in flag_names(argv):
+        if name in unread:
+            raise UserError(f"{flag} is not read here: {unread[name]}; drop it (see {prog} --help)")
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(configs, prog=prog, description=help)
@@ -79,6 +100,8 @@ def parse_configs(
     for action in parser._actions:  # `--no_X` turns X off; its help must not read "(default: True)" backwards
         if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
             action.help = f"Turn {action.dest} off (same as --{action.dest} False; its default is %(default)s)."
+        if action.dest in unread:
+            action.help = argparse.SUPPRESS
     if is_dataclass(defaults):
         defaults = asdict(defaults)
     if defaults:

@@ -8,7 +8,7 @@ as one `UserError` that names the field, the value and what would be valid.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import field
+from dataclasses import field, fields
 from typing import Any
 
 from .errors import UserError
@@ -31,6 +31,28 @@ def check(ok: bool, name: str, value: Any, wanted: str) -> None:
     """Raise `UserError("{name} must be {wanted} (got {value}); pass --{name} ...")` unless `ok`."""
     if not ok:
         raise UserError(f"{name} must be {wanted} (got {value!r}); pass --{name} with a valid value")
+
+
+class TracksGiven:
+    """A config dataclass that remembers which fields its constructor was given, as pydantic's `model_fields_set`.
+
+    An algorithm's record fills in only the settings a caller left out (`given(cfg)` tells which): a Python caller
+    who writes `RLHFConfig(batch_size=16)` for DAPO gets DAPO's rollout, and one who writes `kl_coef=0.1` gets 0.1
+    even where that is the dataclass's default. `dataclasses.replace` and the command line give every field.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        self = super().__new__(cls)
+        names = [f.name for f in fields(cls) if f.init]  # type: ignore[arg-type]
+        object.__setattr__(self, "_given", frozenset(names[: len(args)]) | frozenset(kwargs))
+        return self
+
+
+def given(config: Any) -> frozenset[str]:
+    """The fields `config`'s constructor was given (every field, for a config that does not track them)."""
+    if isinstance(config, TracksGiven):
+        return config.__dict__.get("_given", frozenset())
+    return frozenset(f.name for f in fields(config) if f.init)
 
 
 SEED_LIMIT = 2**32  # numpy's and torch's generators both take seeds in [0, 2**32)

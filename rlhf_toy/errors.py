@@ -16,6 +16,25 @@ class UserError(ValueError):
     """A problem with the user's input (a value, a file, an environment) that they can fix."""
 
 
+_SAID: set[str] = set()
+
+
+def note_once(text: str) -> None:
+    """`note: {text}` on stderr, once per process (rank 0 under torchrun): what a run does differently from what
+    was asked, or from its fast path, said instead of done silently."""
+    if text not in _SAID:
+        _SAID.add(text)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"note: {text}", file=sys.stderr)
+
+
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """An exception's first non-empty line, cut to `limit` characters, for a one-line error; "(no message)" when
+    it has none (a bare `RuntimeError()` must not crash the handler that names it)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:limit] if lines else "(no message)"
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run `main(argv)`; print user errors as one line and return a non-zero exit status.
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 
-from .errors import UserError
+from .errors import UserError, first_line
 
 TMP_MARK = ".tmp-"
 
@@ -46,7 +46,7 @@ def raise_write_failure(exc: BaseException, path: Path) -> None:
     pos"), not `OSError`: name it as one line. The temporary is already gone and the previous version of `path` is
     untouched."""
     if isinstance(exc, RuntimeError) and (disk_nearly_full(path.parent) or "write" in str(exc).lower()):
-        first = str(exc).strip().splitlines()[0][:160]
+        first = first_line(exc)
         raise UserError(
             f"cannot write {path} ({first}); is the disk full? Free space and run again: the previous version is kept"
         ) from None

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from .config import check, option
+from .config import TracksGiven, check, option
 from .distributed import any_rank
 from .errors import UserError
 from .losses import (
@@ -64,7 +64,7 @@ class ActorCritic(Protocol):
 
 
 @dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(TracksGiven):
     """Hyperparameters of the PPO update and of GAE. Validated on construction; frozen, so a preset (a module-
     level instance such as `cartpole.train.CARTPOLE_PPO`) cannot be changed by accident: derive a variant with
     `dataclasses.replace(preset, field=value)`."""

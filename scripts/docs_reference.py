@@ -46,7 +46,8 @@ def type_name(config: type, field: dataclasses.Field) -> str:
 
 
 def flags(cmd: Command) -> list[list[str]]:
-    """One row per flag: `--name`, type, default (the command's own where it overrides the dataclass), help."""
+    """One row per flag the command reads: `--name`, type, default (the command's own where it overrides the
+    dataclass), help."""
     defaults = cmd.defaults
     if dataclasses.is_dataclass(defaults):
         defaults = dataclasses.asdict(defaults)
@@ -54,7 +55,7 @@ def flags(cmd: Command) -> list[list[str]]:
     rows = []
     for config in cmd.configs:
         for f in dataclasses.fields(config):
-            if not f.init:
+            if not f.init or f.name in cmd.unread:  # a flag the command refuses is not listed
                 continue
             default = defaults.get(f.name, f.default)
             shown = "(required)" if default is dataclasses.MISSING else cell(default)

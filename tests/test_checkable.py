@@ -2,13 +2,18 @@
 the checkers against hand-made replies, the problem sets, the checks on a user's function, and a run end to end."""
 
 import builtins
+import dataclasses
 import json
+import re
 
 import pytest
 
 from rlhf_toy.errors import UserError, run_cli
 from rlhf_toy.lm.data.checkable import (
+    CHECKABLE_TASKS,
     CheckableSettings,
+    CheckableTask,
+    Problem,
     arithmetic_correct,
     correctness,
     countdown_correct,
@@ -150,8 +155,8 @@ def test_a_trl_style_function_gets_the_other_columns_as_keyword_lists():
         ("tests.reward_fns:NOT_CALLABLE", "is a int, not a function"),
         ("tests.reward_fns:needs_label", "needs the column 'label', which the prompts do not have"),
         ("tests.reward_fns:one_argument", "it must take (prompts, completions, **columns)"),
-        ("tests.reward_fns:wrong_length", "returned 1 values for 2 completions"),
-        ("tests.reward_fns:not_a_number", "returned nan (2 of 2); return finite numbers"),
+        ("tests.reward_fns:wrong_length", "returned shape (1,) for 2 completions"),
+        ("tests.reward_fns:not_a_number", "returned nan for completion 0 (2 of 2 not finite); return finite numbers"),
         ("tests.reward_fns:raises", "raised KeyError"),
     ],
 )
@@ -372,3 +377,46 @@ def test_countdown_trains_on_its_checker(tmp_path):
         assert stage(name, run, *countdown, *extra) == 0, name
     rows = [json.loads(line) for line in (run / "grpo" / "metrics.jsonl").open()]
     assert len(rows) == 4 and all(0 <= r["objective/gold"] <= 1 for r in rows)
+
+
+# A checkable task is one record ---------------------------------------------------------------------------------
+
+
+def larger_problem(rng, s):
+    """The worked example of docs/contributing.md: which of two numbers is larger."""
+    a, b = rng.sample(range(10 ** (s.digits - 1), 10**s.digits), 2)
+    return Problem(f"Which is larger, {a} or {b}?", f"Answer: {max(a, b)}", {"answer": str(max(a, b))})
+
+
+def test_a_new_checkable_task_is_one_record(monkeypatch):
+    record = CheckableTask("larger", "which of two numbers is larger", larger_problem,
+                           ((correctness, 1.0), (format_reward, 0.1)), reads=("digits",))  # fmt: skip
+    monkeypatch.setitem(CHECKABLE_TASKS, "larger", record)
+    task = get_task("larger", seed=0, checkable=CheckableSettings(n_train=200, n_eval=20))
+    assert task.checkable and task.train[0][0].startswith("Which is larger")
+    prompt, solution = task.train[0]
+    assert task.judge([prompt, prompt], [solution, "Answer: 0"]) == [1.0, 0.0]
+    assert task.reward([prompt], [solution]) == [1.1]  # correctness and format, weighted
+
+
+@pytest.mark.parametrize(
+    ("task", "settings", "message"),
+    [
+        ("countdown", {"digits": 3}, "--digits is not read by the countdown task (only by arithmetic)"),
+        ("countdown", {"prose": 0.5}, "--prose is not read by the countdown task"),
+        ("arithmetic", {"largest": 50}, "--largest is not read by the arithmetic task (only by countdown)"),
+    ],
+)
+def test_a_setting_the_task_does_not_read_is_refused(task, settings, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        problems(task, CheckableSettings(n_train=100, n_eval=10, **settings), seed=0)
+
+
+def test_the_task_flag_and_its_help_come_from_the_records():
+    from rlhf_toy.lm.data.tasks import TASKS
+    from rlhf_toy.lm.pipeline.run import RunConfig
+
+    assert set(CHECKABLE_TASKS) <= set(TASKS)
+    assert RunConfig(task="countdown", largest=50).checkable.largest == 50  # every shared setting reaches the task
+    help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(RunConfig)}["task"]
+    assert all(name in help_text for name in CHECKABLE_TASKS)

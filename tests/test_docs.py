@@ -91,3 +91,41 @@ def test_the_algorithm_reference_lists_every_algorithm():
 
     page = (DOCS / "reference" / "algorithms.md").read_text()
     assert all(f"`rlhf-toy {a.command}`" in page for a in ALGORITHMS.values())
+
+
+def resolves(dotted: str) -> bool:
+    """Whether `a.b.c` is a module, or a name in one (`rlhf_toy.ppo.ppo_update`)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_name_the_docs_give_imports():
+    """The API page's modules (`::: module`) and every dotted name a page gives in backticks (`rlhf_toy.ppo.X`)
+    import: a renamed or moved function cannot leave the docs pointing at nothing."""
+    names = set()
+    for page in PAGES:
+        text = page.read_text()
+        names |= set(re.findall(r"^::: ([\w.]+)", text, re.M))
+        names |= set(re.findall(r"`((?:rlhf_toy|cartpole)(?:\.\w+)+)`", text))
+    assert len(names) > 20
+    missing = sorted(n for n in names if not resolves(n))
+    assert not missing, missing
+
+
+def test_the_core_exports_what_the_how_tos_use():
+    import rlhf_toy
+
+    for name in ("NonFiniteUpdate", "dr_grpo_advantages", "kl_k2", "minibatch_loss", *rlhf_toy.__all__):
+        assert hasattr(rlhf_toy, name), name

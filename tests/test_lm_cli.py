@@ -99,7 +99,7 @@ def test_tokenizer_that_does_not_match_the_model(run_copy, tmp_path, capsys):
     [
         ("no_such_module_xyz:score", "cannot import judge"),
         ("tests.judges:nope", "cannot import judge"),
-        ("tests.judges:broken", "not a number"),
+        ("tests.judges:broken", "not numbers"),
         ("missing_colon", "must look like module:function"),
     ],
 )

@@ -1,6 +1,8 @@
-"""The package's shape: no import cycle among its modules, and no import inside a function that would hide one.
+"""The package's shape: no import cycle among its modules, none among its folders, and no import inside a function
+that would hide one.
 
-Module-level imports are read from the source (AST), so the check sees what Python would execute on import;
+Module-level imports are read from the source (AST), `if TYPE_CHECKING:` blocks included (a cycle that only the
+type checker follows is still a cycle in the design), so the check sees what Python would execute on import;
 an import inside a function is allowed for third-party optional extras (peft, gguf, stable-baselines3) but not
 for the project's own modules, unless its line says why (a comment), as `cartpole watch`'s does.
 """
@@ -40,21 +42,52 @@ def resolve(mod: str, path: Path, node: ast.ImportFrom | ast.Import, known: dict
     return found + ([target] if target in known else [])
 
 
+def module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports at module level, and those under a module-level `if` (`if TYPE_CHECKING:`, say)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in tree.body:
+        body = [node] if not isinstance(node, ast.If) else node.body + node.orelse
+        found += [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return found
+
+
+def folder(mod: str) -> str:
+    """The folder (package) a module lives in: `rlhf_toy.lm.pipeline.cli` -> `rlhf_toy.lm.pipeline`."""
+    path = modules()[mod]
+    return mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which folder imports which, from the module graph: the edges of a module to modules of other folders, a
+    package's own `__init__` re-exports aside (it sits above its folder's modules)."""
+    out: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        if modules()[mod].name == "__init__.py":
+            continue
+        for t in targets:
+            if folder(t) != folder(mod) and not t.startswith(folder(mod) + ".") and modules()[t].name != "__init__.py":
+                out.setdefault(folder(mod), set()).add(folder(t))
+    return out
+
+
 def import_graph() -> dict[str, set[str]]:
     known = modules()
     graph: dict[str, set[str]] = {}
     for mod, path in known.items():
         edges = set()
-        for node in ast.parse(path.read_text()).body:  # module level only: what runs on import
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                edges.update(resolve(mod, path, node, known))
+        for node in module_level_imports(ast.parse(path.read_text())):
+            edges.update(resolve(mod, path, node, known))
         graph[mod] = edges - {mod}
     return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """A cycle among non-package modules (a package's __init__ re-exporting its modules is not one), or None."""
-    packages = {m for m, p in modules().items() if p.name == "__init__.py"}
+    return find_cycle_in(graph, {m for m, p in modules().items() if p.name == "__init__.py"})
+
+
+def find_cycle_in(graph: dict[str, set[str]], packages: set[str]) -> list[str] | None:
+    """A cycle in `graph` through no node of `packages`, or None."""
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -80,6 +113,28 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle():
     assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()) or [])
+
+
+def test_type_checking_imports_count():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import X\n")
+    assert [n.module for n in module_level_imports(tree) if isinstance(n, ast.ImportFrom)] == ["typing", "b"]
+
+
+def test_no_import_cycle_between_folders():
+    """A folder is a layer: `lm.data` below `lm.models` below `lm.algorithms` below `lm.pipeline`; two folders
+    that import each other are one tangled layer."""
+    graph = folder_graph(import_graph())
+    cycle = find_cycle_in(graph, set())
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_layers_keep_their_order():
+    """`lm/__init__` states the order from the bottom up: data never imports models, algorithms or pipeline."""
+    graph = folder_graph(import_graph())
+    order = ["rlhf_toy.lm.data", "rlhf_toy.lm.models", "rlhf_toy.lm.algorithms", "rlhf_toy.lm.pipeline"]
+    for i, low in enumerate(order):
+        above = set(order[i + 1 :]) & graph.get(low, set())
+        assert not above, f"{low} imports {sorted(above)}, a layer above it"
 
 
 def test_the_cycle_finder_finds_a_cycle():

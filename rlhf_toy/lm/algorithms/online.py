@@ -19,19 +19,19 @@ from another.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rlhf_toy.advantages import discounted_returns, dr_grpo_advantages, gae, grpo_advantages, rloo_advantages
-from rlhf_toy.errors import UserError
+from rlhf_toy.config import given
+from rlhf_toy.errors import UserError, note_once
 from rlhf_toy.masks import last_real_index
 from rlhf_toy.ppo import POLICY_LOSSES, PPOConfig
 
-if TYPE_CHECKING:
-    from .rlhf import RLHFConfig
+from .rlhf_config import RLHFConfig
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,27 @@ class Signals:
 # `(signals, ppo, group_size) -> (advantages [B, R], value targets [B, R])`
 AdvantageFn = Callable[[Signals, PPOConfig, int], tuple[Tensor, Tensor]]
 
+RL_FIELDS = frozenset(f.name for f in fields(RLHFConfig) if f.init)
+PPO_FIELDS = frozenset(f.name for f in fields(PPOConfig) if f.init)
+FIELD_DEFAULTS = {f.name: f.default for cls in (RLHFConfig, PPOConfig) for f in fields(cls) if f.init}
+
+# The settings only some algorithms read, by the part of the algorithm that reads them; every other field of
+# `RLHFConfig` and `PPOConfig` is read by every online algorithm. A record reads a part's settings when it has the
+# part (`OnlineAlgorithm.reads`); a setting it does not read is refused, never ignored (`OnlineAlgorithm.configs`).
+CLIPPED_SETTINGS = ("clip", "clip_range", "clip_range_high", "anneal_clip", "ratio_level")  # the clipped surrogate
+CRITIC_SETTINGS = ("vf_coef", "clip_range_vf", "value_lr_scale")  # the value head's loss and its learning rate
+ADVANTAGE_SETTINGS = ("gamma", "gae_lambda")  # each advantage function names those it reads (`reads_settings`)
+
+
+def reads_settings(*names: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Mark an advantage function with the `ADVANTAGE_SETTINGS` it reads (`fn.reads`)."""
+
+    def mark(fn: AdvantageFn) -> AdvantageFn:
+        fn.reads = names  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
 
 def terminal_steps(mask: Tensor) -> Tensor:
     """`[B, R]` bool: True at each reply's last real token (the end of its episode)."""
@@ -58,6 +79,7 @@ def terminal_steps(mask: Tensor) -> Tensor:
     return terminated
 
 
+@reads_settings("gamma", "gae_lambda")
 def token_gae(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
     """PPO: the core's `gae` over response tokens (time-major for the core); the last real token ends it."""
     next_values = torch.cat([s.values[:, 1:], torch.zeros_like(s.values[:, :1])], 1)
@@ -66,12 +88,14 @@ def token_gae(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tens
     return adv.T, ret.T
 
 
+@reads_settings("gamma")
 def token_returns(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
     """REINFORCE: the core's `discounted_returns` of the per-token rewards, no baseline."""
     ret = discounted_returns(s.rewards.T, terminal_steps(s.mask).T, gamma=ppo.gamma, mask=s.mask.T).T
     return ret * s.mask, ret
 
 
+@reads_settings("gamma")
 def token_returns_minus_values(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
     """REINFORCE with a learned baseline: the returns minus the value head's estimate."""
     adv, ret = token_returns(s, ppo, group_size)
@@ -88,7 +112,7 @@ def group_baseline(core: Callable[[Tensor, int], Tensor]) -> AdvantageFn:
         return core(sequence, group_size)[:, None] * s.mask, sequence[:, None] * s.mask
 
     advantages.__name__ = advantages.__qualname__ = f"group_baseline({core.__name__})"
-    return advantages
+    return reads_settings()(advantages)  # a reply's reward is one number: no per-token discount, no GAE
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,7 +132,11 @@ class OnlineAlgorithm:
     paper: str = ""  # where it comes from
 
     def __post_init__(self) -> None:
-        assert self.policy_loss in POLICY_LOSSES, self.policy_loss
+        if self.policy_loss not in POLICY_LOSSES:
+            raise UserError(f"{self.name}: policy_loss must be one of {POLICY_LOSSES}, not {self.policy_loss!r}")
+        unknown = set(self.rollout) - RL_FIELDS
+        if unknown:
+            raise UserError(f"{self.name}: rollout names no RLHFConfig field: {sorted(unknown)}")
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -127,13 +155,74 @@ class OnlineAlgorithm:
         """Whether a rollout must run the value head: for a critic's advantages, or a value loss that counts."""
         return self.uses_critic or ppo.vf_coef > 0
 
+    @property
+    def unread(self) -> dict[str, str]:
+        """The settings this algorithm does not read, each with why: its command refuses them."""
+        why: dict[str, str] = {}
+        if self.policy_loss != "clipped":
+            for name in CLIPPED_SETTINGS:
+                why[name] = f"{self.name}'s loss is the plain policy gradient (-log pi * A): it has no ratio to clip"
+        if not self.uses_critic:
+            for name in CRITIC_SETTINGS:
+                why[name] = f"{self.name} has no critic: its advantages never read a value head"
+        for name in ADVANTAGE_SETTINGS:
+            if name not in getattr(self.advantages, "reads", ADVANTAGE_SETTINGS):
+                why[name] = (
+                    f"{self.name}'s advantages compare whole replies' rewards in a group: no per-token discount"
+                    if self.grouped
+                    else f"{self.name}'s advantages are returns, not GAE"
+                )
+        return why
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """Every setting (field of `RLHFConfig` or `PPOConfig`) this algorithm reads."""
+        return (RL_FIELDS | PPO_FIELDS) - set(self.unread)
+
+    def configs(self, **overrides: Any) -> tuple[RLHFConfig, PPOConfig]:
+        """`(RLHFConfig, PPOConfig)` of this algorithm: its record (preset, group size, rollout) with `overrides`
+        (fields of either config). The one place a record becomes settings: the commands, `compare`, the
+        benchmarks and `RLHFTrainer(algorithm=...)` all go through it. A setting it does not read, or no setting
+        at all, is a `UserError` naming it."""
+        for name in overrides:
+            if name not in RL_FIELDS | PPO_FIELDS:
+                raise UserError(f"{name!r} is not a setting of the online algorithms (RLHFConfig or PPOConfig)")
+            if name in self.unread:
+                raise UserError(f"{self.name} does not read {name}: {self.unread[name]}; leave it out")
+        rl = {k: v for k, v in overrides.items() if k in RL_FIELDS}
+        ppo = {k: v for k, v in overrides.items() if k in PPO_FIELDS}
+        rl_cfg = RLHFConfig(**{"group_size": self.default_group_size, **self.rollout, **rl})
+        ppo_cfg = replace(self.preset, **ppo)
+        self.check(rl_cfg, ppo_cfg)
+        return rl_cfg, ppo_cfg
+
+    def settle(self, cfg: RLHFConfig | None, ppo: PPOConfig | None) -> tuple[RLHFConfig, PPOConfig]:
+        """What a trainer runs, given a caller's configs (None: the record's): this record, with every field the
+        caller gave that differs from it (a config built by `configs`, by `dataclasses.replace` or by the command
+        line gives every field; `RLHFConfig(batch_size=16)` gives one). An override of a value the record sets is
+        said once on stderr; a setting the algorithm does not read is refused (`configs`)."""
+        base_rl, base_ppo = self.configs()
+        overrides: dict[str, Any] = {}
+        for mine, theirs in ((base_rl, cfg), (base_ppo, ppo)):
+            if theirs is not None:
+                overrides.update(
+                    {k: getattr(theirs, k) for k in sorted(given(theirs)) if getattr(theirs, k) != getattr(mine, k)}
+                )
+        settled = self.configs(**overrides)
+        own = self.defaults  # the values the record sets: a changed one is worth a word
+        changed = [k for k in overrides if k in own and own[k] != FIELD_DEFAULTS[k]]
+        if changed:
+            shown = ", ".join(f"{k}={overrides[k]!r} (its record: {own[k]!r})" for k in changed)
+            note_once(f"{self.name} runs with {shown}, as given")  # once: compare's seeds, a resumed run
+        return settled
+
     def check(self, cfg: RLHFConfig, ppo: PPOConfig) -> None:
         """Refuse settings this algorithm cannot honour, with the fix, before any work."""
         group_size, batch_size, minibatch_size = cfg.group_size, cfg.batch_size, ppo.minibatch_size
         if self.grouped and group_size < 2:
             raise UserError(
-                f"{self.name} needs at least 2 samples per prompt to compare them; pass "
-                f"--group_size {self.default_group_size}"
+                f"{self.name} needs at least 2 samples per prompt to compare them; set group_size to "
+                f"{self.default_group_size} (--group_size {self.default_group_size})"
             )
         if cfg.dynamic_sampling and group_size < 2:
             raise UserError(

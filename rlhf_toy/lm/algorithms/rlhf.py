@@ -19,14 +19,13 @@ import torch
 from torch import Tensor
 
 from rlhf_toy.advantages import equal_groups
-from rlhf_toy.config import check, option
 from rlhf_toy.distributed import check_in_sync, data_parallel, gather, mean_across_ranks, rank_and_world
 from rlhf_toy.errors import UserError
-from rlhf_toy.losses import KL_ESTIMATORS
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 from rlhf_toy.runtime import PhaseClock
 
+from ..data.scores import check_scores
 from ..data.text import distinct_2
 from ..models.base import context_length
 from ..models.causal_lm import response_logprobs
@@ -39,6 +38,7 @@ from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
+from .rlhf_config import RLHFConfig
 
 SAMPLES_KEPT = 5  # replies of each step kept with their figures (`last_samples`: the report's table)
 
@@ -46,106 +46,6 @@ SAMPLES_KEPT = 5  # replies of each step kept with their figures (`last_samples`
 def lm_ppo_config(**overrides: Any) -> PPOConfig:
     """`LM_PPO` with the given fields changed (`dataclasses.replace`)."""
     return replace(LM_PPO, **overrides)
-
-
-@dataclass
-class RLHFConfig:
-    """The RLHF loop around the PPO update."""
-
-    steps: int = option("PPO steps (one batch of prompts each).", 200)
-    batch_size: int = option("Prompts (episodes) per step.", 64)
-    temperature: float = option("Sampling temperature (also used for log-probs).", 1.0)
-    max_new_tokens: int = option("Longest response.", 32)
-    kl_coef: float = option("beta: weight of the per-token KL penalty.", 0.1)
-    adaptive_kl: bool = option("Adapt beta toward kl_target (Ziegler et al.).", False)
-    kl_target: float = option("KL target in nats for the adaptive controller.", 6.0)
-    kl_horizon: int = option("Horizon (episodes) of the adaptive controller.", 10_000)
-    kl_estimator: str = option(
-        "Per-token KL estimator of the penalty: k1, k2 or k3; auto: k1 in the reward, k3 in the loss.", "auto"
-    )
-    kl_in: str = option(
-        "Where the KL penalty goes: reward (-beta * KL in the per-token reward: PPO-RLHF) or loss (beta * KL as a "
-        "loss term: DeepSeekMath's GRPO; with k3 or k2). Logged KL is always the k1 estimate.",
-        "reward",
-    )
-    kl_limit: float | None = option(
-        "Stop, before updating, once the moving-average KL of the sampled policies exceeds this: the policy kept "
-        "is the last one updated while the average was under it (None: never).",
-        None,
-    )
-    kl_limit_window: int = option("Steps in the KL moving average.", 5)
-    missing_eos_penalty: float | None = option(
-        "Subtract this from the score of a response that never emitted EOS (None: no penalty).", None
-    )
-    whiten_rewards: bool = option("Whiten per-token rewards (scale only).", False)
-    value_lr_scale: float = option("Value head learning rate / policy's.", 50.0)
-    stop_at_eos: bool = option("Stop generation at EOS (off: fixed length).", True)
-    save_every: int = option("Checkpoint every this many steps (0: only at the end).", 25)
-    group_size: int = option(
-        "Replies sampled per prompt (RLOO, GRPO: k >= 2); a step draws batch_size / group_size prompts.", 1
-    )
-    dynamic_sampling: bool = option(
-        "DAPO's dynamic sampling: drop groups whose rewards are all equal (no signal) and draw more prompts until "
-        "the batch is full (grouped algorithms).",
-        False,
-    )
-    dynamic_sampling_rounds: int = option(
-        "Most sampling rounds per step under dynamic sampling before the run stops with an error.", 8
-    )
-    overlong_buffer: float = option(
-        "DAPO's overlong reward shaping: a penalty rising linearly from 0 to overlong_penalty over this last "
-        "share of max_new_tokens (DAPO: 4k of 20k tokens, 0.2; 0: off).",
-        0.0,
-    )
-    overlong_penalty: float = option("The overlong penalty at the generation limit.", 1.0)
-    mask_truncated: bool = option(
-        "Leave replies cut at max_new_tokens (no EOS) out of the loss (DAPO; TRL's mask_truncated_completions).",
-        False,
-    )
-    eval_every: int = option(
-        "Every this many steps, the greedy replies to eval_prompts held-out prompts are judged: their mean gold "
-        "(a checkable task's held-out accuracy) is logged as eval/greedy_gold, beside the episodes and the "
-        "training seconds so far (0: never).",
-        0,
-    )
-    eval_prompts: int = option("Held-out prompts of that evaluation.", 200)
-    reward_reads: str = option(
-        "How the reward model reads replies: auto (token ids when it shares the policy's "
-        "tokenizer, else text), ids, or text.",
-        "auto",
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "max_new_tokens", "kl_horizon", "kl_limit_window"):
-            check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
-        check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
-        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0 (it is beta, the weight of the KL penalty)")
-        check(self.kl_target > 0, "kl_target", self.kl_target, "> 0 nats, e.g. 6")
-        check(self.kl_in in ("reward", "loss"), "kl_in", self.kl_in, "reward or loss")
-        check(self.kl_estimator in ("auto", *KL_ESTIMATORS), "kl_estimator", self.kl_estimator, "auto, k1, k2 or k3")
-        check(
-            not (self.kl_in == "loss" and self.kl_estimator == "k1"),
-            "kl_estimator",
-            self.kl_estimator,
-            "k2 or k3 with --kl_in loss (k1's gradient as a loss term is zero in expectation)",
-        )
-        check(self.dynamic_sampling_rounds >= 1, "dynamic_sampling_rounds", self.dynamic_sampling_rounds, ">= 1")
-        check(0 <= self.overlong_buffer < 1, "overlong_buffer", self.overlong_buffer, "a share in [0, 1), e.g. 0.25")
-        check(self.overlong_penalty >= 0, "overlong_penalty", self.overlong_penalty, ">= 0")
-        check(self.kl_limit is None or self.kl_limit > 0, "kl_limit", self.kl_limit, "> 0 nats (or None)")
-        check(self.value_lr_scale > 0, "value_lr_scale", self.value_lr_scale, "> 0, e.g. 50")
-        check(self.reward_reads in ("auto", "ids", "text"), "reward_reads", self.reward_reads, "auto, ids or text")
-        check(self.group_size >= 1, "group_size", self.group_size, ">= 1 (RLOO and GRPO: >= 2)")
-        check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")
-        check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0 (0: never)")
-        check(self.eval_prompts >= 1, "eval_prompts", self.eval_prompts, ">= 1")
-
-    @property
-    def penalty_estimator(self) -> str:
-        """The KL estimator of the penalty: `kl_estimator`, or (auto) k1 in the reward and k3 in the loss."""
-        if self.kl_estimator != "auto":
-            return self.kl_estimator
-        return "k3" if self.kl_in == "loss" else "k1"
 
 
 @dataclass
@@ -185,27 +85,8 @@ def describe(fn: Any) -> str:
 
 
 def checked_scores(values: Any, n: int, source: Any) -> Tensor:
-    """`values` as a float `[n]` tensor, or a `UserError` naming `source` and what it returned: one finite
-    number per reply, not a scalar to broadcast, not a table, not text or None. Runs once per step, before
-    any update, so that a bad reward never reaches the policy's weights."""
-    where = describe(source)
-    try:
-        scores = torch.as_tensor(values, dtype=torch.float32).detach().cpu()
-    except (TypeError, ValueError, RuntimeError):
-        shown = repr(values)[:80]
-        raise UserError(f"{where} returned {shown}, not numbers; return one float per reply ({n})") from None
-    if scores.dim() != 1 or scores.shape[0] != n:
-        raise UserError(
-            f"{where} returned shape {tuple(scores.shape)} for {n} replies; return a list of {n} floats, one per reply"
-        )
-    bad = (~torch.isfinite(scores)).nonzero().flatten()
-    if len(bad):
-        i = int(bad[0])
-        raise UserError(
-            f"{where} returned {scores[i].item()} for reply {i} ({len(bad)} of {n} not finite); return "
-            "finite numbers (nothing was updated)"
-        )
-    return scores
+    """`values` as a float `[n]` tensor, checked (`check_scores`) and naming `source` as the user knows it."""
+    return check_scores(values, n, describe(source))
 
 
 def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, temperature: float) -> Tensor:
@@ -318,7 +199,10 @@ def experience_from(
 
 class RLHFTrainer:
     """Holds the three roles (policy with its value head, frozen reference, reward model) and runs steps of an
-    online algorithm (`algorithm`: a name in `online.ALGORITHMS`).
+    online algorithm (`algorithm`: a name in `online.ALGORITHMS`). The algorithm's record decides the settings:
+    `cfg` and `ppo` (None: the record's own) change only the fields they were given (`OnlineAlgorithm.settle`), so
+    `RLHFTrainer(..., RLHFConfig(batch_size=16), None, prompts, 0, algorithm="dapo")` runs DAPO: its group size,
+    its dynamic sampling, no KL penalty. `self.cfg` and `self.ppo` are what runs.
 
     `sft_model` is any transformers causal LM (on any device: everything follows its device), or a peft LoRA
     model: then only the adapters train and the reference is the same network with the adapters off (no copy).
@@ -331,8 +215,8 @@ class RLHFTrainer:
         sft_model,
         reward_model,
         tok,
-        cfg: RLHFConfig,
-        ppo: PPOConfig,
+        cfg: RLHFConfig | None,
+        ppo: PPOConfig | None,
         prompts: list[str],
         seed: int,
         judge=None,
@@ -340,7 +224,9 @@ class RLHFTrainer:
         algorithm: str = "ppo",
     ) -> None:
         self.algorithm = get_algorithm(algorithm)
-        self.algorithm.check(cfg, ppo)
+        # The record decides what runs: its preset, group size and rollout, with the caller's own fields on top
+        # (None: the record's; a setting the algorithm does not read is refused).
+        cfg, ppo = self.algorithm.settle(cfg, ppo)
         if cfg.batch_size // cfg.group_size > len(prompts):
             raise UserError(
                 f"batch_size ({cfg.batch_size}) is larger than the prompt set ({len(prompts)}); "

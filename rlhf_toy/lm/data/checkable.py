@@ -19,7 +19,7 @@ import functools
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from typing import Any
 
@@ -71,20 +71,18 @@ def arithmetic_problem(rng: random.Random, digits: int, operations: list[str]) -
     return Problem(f"What is {a} {op} {b}?", f"Answer: {answer}", {"answer": answer})
 
 
-def with_prose(train: list[Problem], share: float, seed: int) -> list[Problem]:
-    """Training problems whose demonstrations (`solution`, what SFT imitates) are written as prose ("75 + 80 =
-    155.") in `share` of them, right but not in the "Answer: N" form the checker reads. Demonstrations in two
-    styles leave room for RL with a checker: the SFT model's most likely reply may be the unchecked style while
-    the checked one is in its distribution (DeepSeek-R1's format reward teaches the same thing)."""
+def arithmetic_prose(p: Problem) -> str:
+    """An arithmetic demonstration as prose ("75 + 80 = 155."): right, but not in the checked form."""
+    return f"{p.prompt.removeprefix('What is ').removesuffix('?')} = {p.columns['answer']}."
+
+
+def with_prose(train: list[Problem], share: float, seed: int, prose: Callable[[Problem], str]) -> list[Problem]:
+    """Training problems whose demonstrations (`solution`, what SFT imitates) are written as `prose` in `share` of
+    them, right but not in the "Answer: N" form the checker reads. Demonstrations in two styles leave room for RL
+    with a checker: the SFT model's most likely reply may be the unchecked style while the checked one is in its
+    distribution (DeepSeek-R1's format reward teaches the same thing)."""
     rng = random.Random(f"prose-{seed}")
-    out = []
-    for p in train:
-        if rng.random() < share:
-            p = Problem(
-                p.prompt, f"{p.prompt.removeprefix('What is ').removesuffix('?')} = {p.columns['answer']}.", p.columns
-            )
-        out.append(p)
-    return out
+    return [Problem(p.prompt, prose(p), p.columns) if rng.random() < share else p for p in train]
 
 
 def arithmetic_correct(completion: str, answer: str) -> bool:
@@ -203,17 +201,81 @@ class CheckableSettings:
             raise UserError(f"prose must be a share in [0, 1) (got {self.prose}); pass e.g. --prose 0.6")
 
 
+Check = Callable[..., list[float]]  # TRL's reward signature: (prompts, completions, **columns) -> [B]
+
+
+@dataclass(frozen=True)
+class CheckableTask:
+    """One checkable task: how a problem is drawn, the reward functions (TRL's signature) and their weights, the
+    first being correctness (the gold judge), which `CheckableSettings` it reads, and its help line. `--task`'s
+    choices and help, the run's settings and the reference page come from `CHECKABLE_TASKS`: adding a task is one
+    record and its functions (docs/contributing.md)."""
+
+    name: str
+    help: str
+    draw: Callable[[random.Random, CheckableSettings], Problem]  # one problem (its prompt, solution, columns)
+    rewards: tuple[tuple[Check, float], ...]  # (function, weight); the first is correctness
+    reads: tuple[str, ...] = ()  # the `CheckableSettings` of its problems (n_train, n_eval, instruction: all)
+    prose: Callable[[Problem], str] | None = None  # a right demonstration not in the checked form (`--prose`)
+
+    @property
+    def checker(self) -> Check:
+        """Correctness: the gold judge of the task (1 right, 0 wrong)."""
+        return self.rewards[0][0]
+
+
+# Settings every checkable task reads; the others are each task's own (`CheckableTask.reads`).
+COMMON_SETTINGS = ("n_train", "n_eval", "instruction")
+
+CHECKABLE_TASKS: dict[str, CheckableTask] = {
+    t.name: t
+    for t in (
+        CheckableTask(
+            "arithmetic",
+            '"What is 47 + 38?" -> "Answer: 85"; --digits per operand, --operations some of + - *',
+            lambda rng, s: arithmetic_problem(rng, s.digits, parse_operations(s.operations)),
+            ((correctness, 1.0), (format_reward, 0.1)),
+            reads=("digits", "operations", "prose"),
+            prose=arithmetic_prose,
+        ),
+        CheckableTask(
+            "countdown",
+            '"Make 46 from 3, 7, 25 with + - * /, each number once." -> "Answer: 25 + 3 * 7"; --numbers to combine, '
+            "each from 1 to --largest",
+            lambda rng, s: countdown_problem(rng, s.numbers, s.largest),
+            ((countdown_correctness, 1.0), (format_reward, 0.1)),
+            reads=("numbers", "largest"),
+        ),
+    )
+}
+
+
+def get_checkable(name: str) -> CheckableTask:
+    if name not in CHECKABLE_TASKS:
+        raise UserError(f"unknown checkable task {name!r}; choose one of {', '.join(CHECKABLE_TASKS)}")
+    return CHECKABLE_TASKS[name]
+
+
+def check_reads(task: CheckableTask, s: CheckableSettings) -> None:
+    """Refuse a setting the task does not read, set away from its default (`--digits` for countdown, say)."""
+    default = CheckableSettings()
+    for f in fields(CheckableSettings):
+        name = f.name
+        if name not in task.reads + COMMON_SETTINGS and getattr(s, name) != getattr(default, name):
+            readers = [t.name for t in CHECKABLE_TASKS.values() if name in t.reads]
+            raise UserError(
+                f"--{name} is not read by the {task.name} task (only by {', '.join(readers) or 'no task'}); drop it"
+            )
+
+
 @functools.lru_cache(maxsize=4)  # every stage of a run (and a compare's many) draws the same set: draw it once
 def problems(task: str, s: CheckableSettings, seed: int) -> tuple[list[Problem], list[Problem]]:
     """Train and held-out problems of a checkable task; no held-out prompt is a training prompt. Callers must not
     change the lists (they are cached)."""
+    record = get_checkable(task)
+    check_reads(record, s)
     rng = random.Random(f"{task}-{seed}")
-    if task == "arithmetic":
-        ops = parse_operations(s.operations)
-        draw = lambda: arithmetic_problem(rng, s.digits, ops)  # noqa: E731
-    else:
-        draw = lambda: countdown_problem(rng, s.numbers, s.largest)  # noqa: E731
-    pool = [draw() for _ in range(s.n_eval + s.n_train)]
+    pool = [record.draw(rng, s) for _ in range(s.n_eval + s.n_train)]
     distinct = list(dict.fromkeys(p.prompt for p in pool))  # in order of appearance: seeded
     # A small problem space (1-digit operands) is held out a fifth at most, so that some remains to train on.
     held_prompts = set(distinct[: min(s.n_eval, len(distinct) // 5)])
@@ -221,17 +283,8 @@ def problems(task: str, s: CheckableSettings, seed: int) -> tuple[list[Problem],
     train = [p for p in pool if p.prompt not in held_prompts]
     if not held or not train:
         raise UserError(f"{task} with these settings has too few distinct problems to hold some out; raise --digits")
-    if task == "arithmetic" and s.prose > 0:
-        train = with_prose(train, s.prose, seed)
+    if s.prose > 0 and record.prose is not None:  # (check_reads refused --prose for a task without prose)
+        train = with_prose(train, s.prose, seed, record.prose)
     if s.instruction:
         train, held = ([replace(p, prompt=f"{p.prompt} {s.instruction}") for p in ps] for ps in (train, held))
     return train, held
-
-
-Check = Callable[..., list[float]]  # TRL's reward signature: (prompts, completions, **columns) -> [B]
-# A checkable task's default reward functions and weights: correctness, plus a little for the format.
-REWARDS: dict[str, tuple[tuple[Check, float], ...]] = {
-    "arithmetic": ((correctness, 1.0), (format_reward, 0.1)),
-    "countdown": ((countdown_correctness, 1.0), (format_reward, 0.1)),
-}
-CHECKERS: dict[str, Check] = {task: rewards[0][0] for task, rewards in REWARDS.items()}  # the gold: correctness

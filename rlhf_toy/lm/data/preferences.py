@@ -16,12 +16,9 @@ import math
 import random
 from dataclasses import dataclass
 
-import torch
-
 from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError
 
-from ..models.sampling import sample
 from .tasks import Judge
 
 COLUMNS = ["prompt", "chosen", "rejected", "chosen_score", "rejected_score", "label"]
@@ -58,11 +55,11 @@ class Groups:
     scores: list[list[float]]
 
 
-def sample_groups(model, tok, prompts: list[str], judge: Judge, cfg: PreferenceConfig, seed: int) -> Groups:
-    torch.manual_seed(seed)
+def group_replies(prompts: list[str], texts: list[str], judge: Judge, cfg: PreferenceConfig, seed: int) -> Groups:
+    """Groups of `cfg.k` sampled replies per prompt (`texts`: k in a row per prompt, as `sample` of each prompt
+    repeated k times draws them), a share of them given an off-topic reply, scored by the gold judge. The sampling
+    itself is the pipeline's (`data` sits below `models`)."""
     rng = random.Random(seed)
-    flat_prompts = [p for p in prompts for _ in range(cfg.k)]
-    texts = sample(model, tok, flat_prompts, cfg.max_new_tokens, cfg.temperature).texts
     responses = [texts[i * cfg.k : (i + 1) * cfg.k] for i in range(len(prompts))]
     if len(prompts) > 1:
         for i in range(len(prompts)):

@@ -15,7 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from rlhf_toy.errors import UserError
+
+from .scores import check_scores
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -63,23 +67,8 @@ def call(fn: RewardFn, prompts: list[str], completions: list[str], columns: dict
         raise
     except Exception as exc:
         raise UserError(f"reward function {name} raised {type(exc).__name__}: {exc}; fix the function") from None
-    try:
-        values = [float(v) for v in out]
-    except (TypeError, ValueError):
-        raise UserError(
-            f"reward function {name} returned {repr(out)[:60]}, not a list of numbers; return one float per completion"
-        ) from None
-    if len(values) != len(completions):
-        raise UserError(
-            f"reward function {name} returned {len(values)} values for {len(completions)} completions; return one "
-            "float per completion"
-        )
-    bad = [v for v in values if not math.isfinite(v)]
-    if bad:
-        raise UserError(
-            f"reward function {name} returned {bad[0]} ({len(bad)} of {len(values)}); return finite numbers"
-        )
-    return values
+    # float64: the values themselves, checked (a weighted sum of parts follows)
+    return check_scores(out, len(completions), f"reward function {name}", "completion", torch.float64).tolist()
 
 
 def import_callable(spec: str, what: str, example: str, takes: str = "") -> Callable[..., Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import codecs
 import inspect
-import math
 import random
 import re
 from collections.abc import Callable
@@ -25,11 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_toy.errors import UserError
+import torch
+
+from rlhf_toy.errors import UserError, first_line
 
 from . import helpdesk
-from .checkable import CHECKERS, REWARDS, CheckableSettings, problems
+from .checkable import CHECKABLE_TASKS, CheckableSettings, get_checkable, problems
 from .rewards import RewardFn, RewardFunctions, import_callable, load_reward_functions, parse_weights, reward_functions
+from .scores import check_scores
 
 Judge = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> gold scores
 
@@ -161,14 +163,8 @@ def load_judge(spec: str) -> Judge:
                 raise UserError(
                     f"judge '{spec}' failed on a reply ({type(exc).__name__}: {exc}); fix the judge"
                 ) from None
-            try:
-                v = float(v)
-            except (TypeError, ValueError):
-                raise UserError(f"judge '{spec}' returned {v!r} (a {type(v).__name__}), not a number") from None
-            if not math.isfinite(v):
-                raise UserError(f"judge '{spec}' returned {v}, not a finite number")
             out.append(v)
-        return out
+        return check_scores(out, len(responses), f"the judge {spec}", "reply", torch.float64).tolist()
 
     judge(["My printer won't start."], ["Try restarting your printer."])  # fail now, not after sampling
     return judge
@@ -258,22 +254,22 @@ def load_table(path: str):
         root = exc  # datasets wraps the parser's error ("An error occurred while generating the dataset"): name it
         while root.__cause__ is not None or root.__context__ is not None:
             root = root.__cause__ or root.__context__  # type: ignore[assignment]
-        first_line = str(root).splitlines()[0][:200] if str(root) else ""
-        raise UserError(f"cannot read {path} as {kind} ({type(root).__name__}: {first_line})") from None
+        raise UserError(f"cannot read {path} as {kind} ({type(root).__name__}: {first_line(root, 200)})") from None
     if len(ds) == 0:
         raise UserError(f"{path} is empty; it needs at least one row")
     return ds
 
 
 def checkable_task(name: str, settings: CheckableSettings, seed: int) -> Task:
-    """A checkable task: generated problems, the default reward functions (`checkable.REWARDS`) and correctness as
-    the gold judge."""
+    """A checkable task from its record (`checkable.CHECKABLE_TASKS`): generated problems, its reward functions
+    and weights, and correctness as the gold judge."""
+    record = get_checkable(name)
     train, held = problems(name, settings, seed)
     columns = {p.prompt: p.columns for p in train + held}
-    fns: list[RewardFn] = [fn for fn, _ in REWARDS[name]]
-    weights = [w for _, w in REWARDS[name]]
+    fns: list[RewardFn] = [fn for fn, _ in record.rewards]
+    weights = [w for _, w in record.rewards]
     reward = reward_functions(fns, weights, columns, [(train[0].prompt, train[0].solution)])
-    checker: RewardFn = CHECKERS[name]
+    checker: RewardFn = record.checker
 
     def judge(prompts: list[str], responses: list[str]) -> list[float]:
         return list(checker(prompts, responses, **reward.keyword_columns(prompts)))
@@ -282,7 +278,7 @@ def checkable_task(name: str, settings: CheckableSettings, seed: int) -> Task:
     return Task(name, pairs(train), pairs(held), judge, reward=reward, checkable=True)
 
 
-TASKS = ("helpdesk", "helpdesk-chat", "chatterbot", "arithmetic", "countdown")
+TASKS = ("helpdesk", "helpdesk-chat", "chatterbot", *CHECKABLE_TASKS)
 
 
 def get_task(
@@ -296,7 +292,7 @@ def get_task(
 ) -> Task:
     """The task by name (`TASKS`) or, with `data`, your own pairs (and `judge`); `reward_fn` (TRL-style functions,
     `rewards.py`) makes the reward a program instead of a reward model."""
-    if reward_weights and not reward_fn and name not in REWARDS:
+    if reward_weights and not reward_fn and name not in CHECKABLE_TASKS:
         raise UserError("--reward_weights weighs --reward_fn functions; pass --reward_fn too")
     if data is not None:
         train, evals, columns = load_pairs(data, seed=seed, prompts_only=reward_fn is not None)
@@ -309,7 +305,7 @@ def get_task(
         task.topic_rule = names_topic
     elif name == "chatterbot":
         task = chatterbot_task(seed=seed)
-    elif name in REWARDS:
+    elif name in CHECKABLE_TASKS:
         task = checkable_task(name, checkable or CheckableSettings(), seed)
     else:
         raise UserError(f"unknown task '{name}'; choose {', '.join(TASKS)}, or pass --data FILE")

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from rlhf_toy.errors import UserError
+from rlhf_toy.errors import UserError, first_line
 from rlhf_toy.io import atomic_dir
 
 from .chat import check_tokenizer_matches, prepare_tokenizer
@@ -77,7 +77,7 @@ def check_causal_lm_dir(path: Path) -> None:
         config = AutoConfig.from_pretrained(str(path))
     except Exception as exc:  # unknown model_type, broken JSON
         raise UserError(
-            f"cannot read the config in {path} ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
+            f"cannot read the config in {path} ({type(exc).__name__}: {first_line(exc, 120)}); "
             "pass a transformers model directory"
         ) from None
     architectures = getattr(config, "architectures", None) or []
@@ -110,7 +110,7 @@ def convert_gguf(path: Path, out: Path) -> Path:
         loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:
         raise UserError(
-            f"cannot load {path} as a GGUF model ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
+            f"cannot load {path} as a GGUF model ({type(exc).__name__}: {first_line(exc, 120)}); "
             "pass a GGUF file of an architecture transformers supports"
         ) from None
     # transformers marks a GGUF-loaded model as quantized and will not save it: rebuild it as a plain model.

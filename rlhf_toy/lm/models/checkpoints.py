@@ -12,7 +12,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
-from rlhf_toy.errors import UserError
+from rlhf_toy.errors import UserError, first_line
 from rlhf_toy.io import atomic_dir
 
 from .chat import check_tokenizer_matches, load_tokenizer
@@ -58,7 +58,7 @@ def from_pretrained(auto_class, path: Path, what: str, strict: bool = False, **k
     try:
         model, info = auto_class.from_pretrained(str(path), output_loading_info=True, **kwargs)
     except Exception as exc:  # a truncated model.safetensors, a config of an unknown architecture, ...
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        first = first_line(exc)
         raise UserError(
             f"cannot load the {what} model in {path} ({type(exc).__name__}: {first}); re-run the stage that wrote it"
         ) from None

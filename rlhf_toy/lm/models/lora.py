@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlhf_toy.config import check, option
-from rlhf_toy.errors import UserError
+from rlhf_toy.errors import UserError, first_line
 
 
 @dataclass
@@ -73,8 +73,7 @@ def add_lora(model, cfg: LoraConfig, task_type: str, seed: int | None = None):
             return peft.get_peft_model(model, lora)
     except ValueError as exc:
         raise UserError(
-            f"cannot add LoRA adapters ({str(exc).splitlines()[0][:160]}); pass --lora_targets with "
-            "module names of this model"
+            f"cannot add LoRA adapters ({first_line(exc)}); pass --lora_targets with module names of this model"
         ) from None
 
 
@@ -130,7 +129,7 @@ def load_lora(base, adapter_dir: Path):
     try:
         return peft.PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
     except Exception as exc:  # a truncated adapter_model.safetensors, a config of other modules
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        first = first_line(exc)
         raise UserError(
             f"cannot load the LoRA adapters in {adapter_dir} ({type(exc).__name__}: {first}); delete that "
             "checkpoint and start without --resume"

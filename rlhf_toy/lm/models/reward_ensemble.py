@@ -130,16 +130,24 @@ def is_ensemble(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / ENSEMBLE_FILE).is_file()
 
 
+def is_plain_name(name: object) -> bool:
+    """A file name with no path in it: not empty, no separator, not `.` or `..`."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
+
+
 def member_dirs(path: str | os.PathLike[str]) -> list[Path]:
     """The member directories an ensemble directory lists, each checked to hold a reward model."""
     path = Path(path)
     try:
         names = json.loads((path / ENSEMBLE_FILE).read_text())["members"]
-        assert isinstance(names, list) and names and all(isinstance(n, str) and "/" not in n for n in names)
-    except (ValueError, KeyError, TypeError, AssertionError):
+    except (ValueError, KeyError, TypeError):
+        names = None
+    # Each member is a directory inside this one: a name that is a path (`a/b`, `..`, `/abs`) could reach outside.
+    if not (isinstance(names, list) and names and all(is_plain_name(n) for n in names)):
         raise UserError(
-            f"{path / ENSEMBLE_FILE} does not list the ensemble's members; retrain it with reward --ensemble K"
-        ) from None
+            f"{path / ENSEMBLE_FILE} does not list the ensemble's members as directory names inside it; retrain it "
+            "with reward --ensemble K"
+        )
     for name in names:
         if not (path / name / "config.json").is_file():
             raise UserError(

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlhf_toy.errors import note_once
+
 from .causal_lm import distinct_prompts, token_logprobs
 from .chat import encode_prompts, pad_sequences, widen
 from .devices import model_device
@@ -191,6 +193,11 @@ def sample(
             ids, mask = ids.to(device), mask.to(device)
             eos = tok.eos_token_id if stop_at_eos else None
             hidden = None
+            if lean and lean_decoding(model) is None:  # said, not done silently: generate is slower
+                note_once(
+                    f"{type(model).__name__} is not a model the lean decoding loop can drive; sampling with "
+                    "transformers' generate instead (the same tokens, slower)"
+                )
             if lean and lean_decoding(model) is not None:
                 response, raw, hidden = decode(
                     model, ids, mask, max_new_tokens, temperature, greedy, eos, tok.pad_token_id, with_hidden

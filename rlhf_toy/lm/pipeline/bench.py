@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2For
 from rlhf_toy.report.page import PHASES
 
 from ..algorithms.online import ALGORITHMS
-from ..algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+from ..algorithms.rlhf import RLHFTrainer
 from ..data.tasks import helpdesk_task
 from ..models.base import load_base
 from ..models.causal_lm import ModelConfig, new_causal_lm
@@ -104,21 +103,20 @@ def ours(
         )
         rm = GPT2ForSequenceClassification(rm_cfg).eval()
     alg = ALGORITHMS[algorithm]
-    rl = RLHFConfig(
+    # One minibatch of the whole batch at the TRL runner's learning rate for PPO; the algorithm's own preset in 4
+    # minibatches of whole groups for RLOO and GRPO, as TRL's trainers.
+    update = {"minibatch_size": batch_size, "learning_rate": 3e-6} if algorithm == "ppo" else {}
+    rl, preset = alg.configs(
         steps=episodes // batch_size,
         batch_size=batch_size,
         temperature=0.7,
         max_new_tokens=response_length,
         stop_at_eos=False,
         kl_coef=0.05,
-        group_size=alg.default_group_size,
         # As TRL's trainers: GRPOTrainer puts beta x k3 in the loss, RLOO and PPO keep the KL in the reward.
         kl_in="loss" if alg.grouped and alg.policy_loss == "clipped" else "reward",
+        **(update or {"minibatch_size": batch_size // 4}),
     )
-    if algorithm == "ppo":  # one minibatch of the whole batch, at the TRL runner's learning rate
-        preset = lm_ppo_config(minibatch_size=batch_size, learning_rate=3e-6)
-    else:  # the algorithm's own preset in 4 minibatches of whole groups, as TRL's RLOO / GRPO trainers
-        preset = replace(alg.preset, minibatch_size=batch_size // 4)
     trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
     t0 = time.perf_counter()
     rows = []

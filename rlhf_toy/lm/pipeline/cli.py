@@ -27,7 +27,6 @@ from ..algorithms.reward import RewardConfig
 from ..algorithms.rlhf import RLHFConfig
 from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
-from ..labeling.command import LabelConfig, run_label
 from ..models.base import context_length
 from ..models.causal_lm import ModelConfig
 from ..models.chat import check_fits, encode_prompts
@@ -36,6 +35,8 @@ from ..models.devices import resolve_device
 from ..models.lora import LoraConfig
 from ..models.sampling import sample
 from .compare import CompareConfig, run_comparison
+from .label import LabelConfig, run_label
+from .policy_stage import OutputConfig, stage_policy
 from .recipes import REASONING_RUN, SMOLLM2_ARITHMETIC_RUN, run_reasoning, run_smollm2, run_smollm2_arithmetic
 from .remedies import OVEROPTIMIZATION, REMEDIES_LAB
 from .reward_stage import stage_reward
@@ -43,11 +44,9 @@ from .run import RunConfig, quiet_libraries
 from .stages import (
     DPODirConfig,
     EvalConfig,
-    ResumeConfig,
     TokenizerConfig,
     stage_dpo,
     stage_evaluate,
-    stage_ppo,
     stage_preferences,
     stage_sft,
     stage_tokenizer,
@@ -100,7 +99,7 @@ def _all(run: RunConfig) -> int:
     _print(stage_sft(run, ModelConfig(), SFTConfig()))
     _print(stage_preferences(run, PreferenceConfig()))
     _print(stage_reward(run, RewardConfig()))
-    _print(stage_ppo(run, RLHFConfig(), LM_PPO, ResumeConfig()))
+    _print(stage_policy(run, RLHFConfig(), LM_PPO, OutputConfig()))
     stage_evaluate(run, EvalConfig())
     print(json.dumps({"stage": "all", "wall_s": time.perf_counter() - t0}))
     return 0
@@ -138,13 +137,14 @@ def _sample(cfg: SampleConfig) -> int:
 
 
 def online(algorithm: OnlineAlgorithm) -> Command:
-    """The command of one online algorithm: the PPO stage's flags, with the algorithm's preset, group size and
-    rollout settings as defaults."""
+    """The command of one online algorithm: the policy stage's flags, with the algorithm's preset, group size and
+    rollout settings as defaults; the settings it does not read are refused."""
     return Command(
         f"Stage 5 ({algorithm.name}): {algorithm.summary}",
-        (RunConfig, RLHFConfig, PPOConfig, ResumeConfig, LoraConfig),
-        lambda r, c, p, x, lo: _print(stage_ppo(r, c, p, x, lo, algorithm.name)),
+        (RunConfig, RLHFConfig, PPOConfig, OutputConfig, LoraConfig),
+        lambda r, c, p, x, lo: _print(stage_policy(r, c, p, x, lo, algorithm.name)),
         defaults=algorithm.defaults,
+        unread=algorithm.unread,
     )
 
 

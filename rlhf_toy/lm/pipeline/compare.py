@@ -37,10 +37,11 @@ from .evaluate import (
     evaluate_policy,
 )
 from .frontier import plot_frontier, summarize
+from .policy_stage import OutputConfig, stage_policy
 from .reasoning import plot_accuracy, summarize_checkable
 from .remedies import REMEDIES, Remedy, RewardCache, prepare_reward_models
 from .run import RunConfig, writes_run_dir
-from .stages import DPODirConfig, ResumeConfig, stage_dpo, stage_ppo
+from .stages import DPODirConfig, stage_dpo
 
 METHODS = (*ALGORITHMS, *OFFLINE_LABELS)  # every online algorithm of the table, then DPO
 LARGEST_GROUP = max(a.default_group_size for a in ALGORITHMS.values())  # a batch must hold whole groups of it
@@ -167,23 +168,11 @@ def online_settings(
     tokens = {} if cfg.max_new_tokens is None else {"max_new_tokens": cfg.max_new_tokens}
     steps = cfg.episodes // cfg.batch_size
     evals = {"eval_every": cfg.eval_every or steps, "eval_prompts": cfg.eval_prompts} if checkable else {}
-    rl = RLHFConfig(
-        **{
-            **algorithm.rollout,
-            "steps": steps,
-            "batch_size": cfg.batch_size,
-            "group_size": algorithm.default_group_size,
-            "save_every": 0,
-            **kl,
-            **tokens,
-            **evals,
-            **(rl or {}),
-        }
-    )
-    preset = algorithm.preset  # a batch smaller than the preset's minibatch is one minibatch
     lr = {} if cfg.learning_rate is None else {"learning_rate": cfg.learning_rate}
-    minibatch = cfg.minibatch_size or min(preset.minibatch_size, cfg.batch_size)
-    return rl, replace(preset, minibatch_size=minibatch, **lr)
+    # a batch smaller than the preset's minibatch is one minibatch
+    minibatch = cfg.minibatch_size or min(algorithm.preset.minibatch_size, cfg.batch_size)
+    budget = {"steps": steps, "batch_size": cfg.batch_size, "save_every": 0, "minibatch_size": minibatch}
+    return algorithm.configs(**budget, **kl, **tokens, **evals, **lr, **(rl or {}))
 
 
 @writes_run_dir
@@ -222,7 +211,7 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
             t0 = time.perf_counter()
             if v.method in ALGORITHMS:
                 rl, preset = online_settings(v.method, v.beta, cfg, task.checkable, v.remedy.rl)
-                summary = stage_ppo(seeded, rl, preset, ResumeConfig(policy_dir=name), None, v.method)
+                summary = stage_policy(seeded, rl, preset, OutputConfig(policy_dir=name), None, v.method)
                 curves[v.name].append(read_jsonl(rd.policy_dir(name).metrics))
                 policy_dirs.append(rd.policy_dir(name).path)
             else:

@@ -32,14 +32,13 @@ from ..algorithms.sft import SFTConfig
 from ..data.preferences import PreferenceConfig
 from ..models.causal_lm import ModelConfig
 from ..models.lora import LoraConfig
+from .policy_stage import OutputConfig, stage_policy
 from .reward_stage import stage_reward
 from .stages import (
     EvalConfig,
-    ResumeConfig,
     RunConfig,
     TokenizerConfig,
     stage_evaluate,
-    stage_ppo,
     stage_preferences,
     stage_sft,
     stage_tokenizer,
@@ -183,7 +182,7 @@ def run_smollm2(run: RunConfig, steps: int | None = None) -> dict[str, Any]:
             ("sft", lambda: stage_sft(run, ModelConfig(), SMOLLM2_SFT)),
             ("preferences", lambda: stage_preferences(run, SMOLLM2_PREFERENCES)),
             ("reward", lambda: stage_reward(run, SMOLLM2_REWARD)),
-            ("ppo", lambda: stage_ppo(run, rlhf, SMOLLM2_PPO, ResumeConfig(), SMOLLM2_LORA)),
+            ("ppo", lambda: stage_policy(run, rlhf, SMOLLM2_PPO, OutputConfig(), SMOLLM2_LORA)),
             ("evaluate", lambda: stage_evaluate(run, SMOLLM2_EVAL)),
         )
     )
@@ -201,7 +200,7 @@ def run_smollm2_arithmetic(run: RunConfig, steps: int | None = None) -> dict[str
             ("sft", lambda: stage_sft(run, ModelConfig(), SMOLLM2_ARITHMETIC_SFT)),
             (
                 "dr_grpo",
-                lambda: stage_ppo(run, rl, SMOLLM2_ARITHMETIC_UPDATE, ResumeConfig(), SMOLLM2_LORA, "dr_grpo"),
+                lambda: stage_policy(run, rl, SMOLLM2_ARITHMETIC_UPDATE, OutputConfig(), SMOLLM2_LORA, "dr_grpo"),
             ),
             ("evaluate", lambda: stage_evaluate(run, SMOLLM2_ARITHMETIC_EVAL)),
         )
@@ -218,7 +217,7 @@ def run_reasoning(run: RunConfig, steps: int | None = None) -> dict[str, Any]:
         (
             ("tokenizer", lambda: stage_tokenizer(run, TokenizerConfig())),
             ("sft", lambda: stage_sft(run, ModelConfig(), REASONING_SFT)),
-            ("dr_grpo", lambda: stage_ppo(run, rl, dr_grpo.preset, ResumeConfig(), None, dr_grpo.name)),
+            ("dr_grpo", lambda: stage_policy(run, rl, dr_grpo.preset, OutputConfig(), None, dr_grpo.name)),
             ("evaluate", lambda: stage_evaluate(run, REASONING_EVAL)),
         )
     )

@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import Tensor
 
+from rlhf_toy.errors import note_once
+
 from ..algorithms.reward import RewardConfig
 from ..data.tasks import Task
 from ..models.lora import LoraConfig
@@ -116,7 +118,13 @@ TRAINED_HERE = {ENSEMBLE_DIR: "ensemble", WARM_DIR: "warm"}  # reward models rem
 def member_config(run: RunConfig, kind: str) -> tuple[RewardConfig, LoraConfig]:
     """The settings of the run's reward stage (its report's config: the same training for every member as for
     the one model the remedies are measured against), with `kind` (ensemble or warm) set to `ENSEMBLE_SIZE`."""
-    saved = (run.dir.load_json(run.dir.reward_report) or {}).get("config", {})
+    report = run.dir.load_json(run.dir.reward_report)
+    if report is None:
+        note_once(
+            f"{run.dir.reward_report} is missing, so the {kind} members train on the reward stage's defaults; run "
+            "the reward stage first to give them its settings"
+        )
+    saved = (report or {}).get("config", {})
     own = lambda cls: {f.name: saved[f.name] for f in fields(cls) if f.init and f.name in saved}  # noqa: E731
     reward = {**own(RewardConfig), "ensemble": 1, "warm": 1, "warm_from": None, kind: ENSEMBLE_SIZE}
     return RewardConfig(**reward), LoraConfig(**own(LoraConfig))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import datasets
@@ -17,7 +17,7 @@ from rlhf_toy.distributed import COLLECTIVE_TIMEOUT_S, barrier, init_distributed
 from rlhf_toy.io import check_no_readers
 from rlhf_toy.seeding import seed_everything
 
-from ..data.checkable import REWARDS, CheckableSettings
+from ..data.checkable import CHECKABLE_TASKS, CheckableSettings
 from ..data.tasks import Task, get_task
 from ..models.devices import resolve_device
 from ..models.reward_ensemble import OBJECTIVES
@@ -36,8 +36,9 @@ class RunConfig:
     )
     device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
     task: str = option(
-        "Built-in task: helpdesk, helpdesk-chat, chatterbot, or a checkable one (reward = a program): arithmetic, "
-        "countdown.",
+        "Built-in task: helpdesk, helpdesk-chat, chatterbot, or a checkable one (reward = a program): "
+        + "; ".join(f"{t.name} ({t.help})" for t in CHECKABLE_TASKS.values())
+        + ".",
         "helpdesk",
     )
     data: str | None = option(
@@ -56,6 +57,7 @@ class RunConfig:
     digits: int = option("arithmetic: digits per operand.", 2)
     operations: str = option("arithmetic: some of + - * (e.g. +-).", "+-")
     numbers: int = option("countdown: how many numbers to combine.", 3)
+    largest: int = option("countdown: the largest number.", 20)
     prose: float = option(
         "arithmetic: share of the SFT demonstrations written as prose ('75 + 80 = 155.'), right but not in the "
         "'Answer: N' form the checker reads (room for RL to learn the checked form).",
@@ -116,17 +118,13 @@ class RunConfig:
     @property
     def checkable_task(self) -> bool:
         """Whether the run's task is a built-in checkable one (a --data file takes the place of --task)."""
-        return self.data is None and self.task in REWARDS
+        return self.data is None and self.task in CHECKABLE_TASKS
 
     @property
     def checkable(self) -> CheckableSettings:
-        return CheckableSettings(
-            digits=self.digits,
-            operations=self.operations,
-            numbers=self.numbers,
-            prose=self.prose,
-            instruction=self.instruction.strip(),
-        )
+        """The checkable task's settings: every field of `CheckableSettings` that is also a flag here."""
+        shared = {f.name: getattr(self, f.name) for f in fields(CheckableSettings) if hasattr(self, f.name)}
+        return CheckableSettings(**{**shared, "instruction": self.instruction.strip()})
 
     @property
     def dir(self) -> RunDir:

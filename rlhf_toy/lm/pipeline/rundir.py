@@ -29,7 +29,7 @@ import torch
 from datasets import load_from_disk
 
 from rlhf_toy.distributed import is_main
-from rlhf_toy.errors import UserError
+from rlhf_toy.errors import UserError, first_line
 from rlhf_toy.io import atomic_dir, atomic_write_json, atomic_write_text, output_lock, reader_lock
 from rlhf_toy.logging import read_jsonl
 
@@ -122,7 +122,7 @@ class PolicyDir:
         try:
             state = torch.load(path, weights_only=True)
         except Exception as exc:  # a truncated file, or one that wants to unpickle code
-            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            first = first_line(exc)
             raise UserError(
                 f"{path} is not a readable trainer state ({type(exc).__name__}: {first}); delete "
                 f"{self.checkpoint} and start without --resume"

@@ -12,26 +12,17 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 from datasets import Dataset
-from tqdm.auto import tqdm
 
 from rlhf_toy.config import check, derived, option, parse_list
-from rlhf_toy.distributed import barrier, is_main, rank_and_world
 from rlhf_toy.errors import UserError
-from rlhf_toy.io import folder_digest
-from rlhf_toy.logging import MetricLogger, plt_module, save_figure, trackers
-from rlhf_toy.ppo import PPOConfig
-from rlhf_toy.report.page import write_report
 
 from ..algorithms.dpo import DPOConfig, train_dpo
 from ..algorithms.dpo import pairs_from_groups as dpo_pairs_from_groups
-from ..algorithms.online import get_algorithm
 from ..algorithms.online import label as algorithm_label
-from ..algorithms.rlhf import RLHFConfig, RLHFTrainer
 from ..algorithms.sft import SFTConfig, encode_pairs, train_sft
-from ..data.preferences import PreferenceConfig, check_preferences, pairs_from_groups, sample_groups
+from ..data.preferences import Groups, PreferenceConfig, check_preferences, group_replies, pairs_from_groups
 from ..data.tasks import Task
 from ..models.base import context_length, load_base, resolve_base_model
 from ..models.causal_lm import ModelConfig, new_causal_lm
@@ -44,7 +35,7 @@ from ..models.chat import (
 from ..models.devices import autocast
 from ..models.lora import LoraConfig, add_lora, lora_settings
 from ..models.sampling import sample
-from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table, greedy_accuracy
+from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table
 from .run import RunConfig, writes_run_dir
 from .rundir import RunDir
 
@@ -138,6 +129,13 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
 # 3. Preferences ----------------------------------------------------------------------------------------------
 
 
+def sample_groups(model, tok, prompts: list[str], judge, cfg: PreferenceConfig, seed: int) -> Groups:
+    """`cfg.k` replies of `model` to each prompt (torch seeded with `seed`), grouped and judged (`group_replies`)."""
+    torch.manual_seed(seed)
+    texts = sample(model, tok, [p for p in prompts for _ in range(cfg.k)], cfg.max_new_tokens, cfg.temperature).texts
+    return group_replies(prompts, texts, judge, cfg, seed)
+
+
 @writes_run_dir
 def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
     task = run.start()
@@ -181,96 +179,7 @@ def stage_preferences(run: RunConfig, cfg: PreferenceConfig) -> dict[str, Any]:
 # 4. Reward model: reward_stage.py (one model, an ensemble or a WARM average) -------------------------------
 
 
-# 5. PPO ------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ResumeConfig:
-    """Where a policy run's output goes, how it is reported, and whether it resumes."""
-
-    resume: bool = option("Continue from the policy directory's last checkpoint.", False)
-    policy_dir: str | None = option(
-        "Output directory: a path, or a bare name for run_dir/NAME (default: run_dir/ALGORITHM, e.g. run_dir/ppo).",
-        None,
-    )
-    report_every: int = option(
-        "Rebuild the run's report.html (curves, samples, alarms) every this many steps while it trains, and "
-        "keep the step's sampled replies for it (0: only at the end).",
-        25,
-    )
-    report_to: str = option(
-        "Trackers besides metrics.jsonl: tensorboard, trackio (comma-separated), all or none (as transformers' "
-        "report_to).",
-        "tensorboard",
-    )
-
-    trackers: tuple[str, ...] = derived()
-
-    def __post_init__(self) -> None:
-        check(self.report_every >= 0, "report_every", self.report_every, ">= 0 (0: only at the end)")
-        self.trackers = trackers(self.report_to)  # an unknown or missing tracker: one line now
-
-
-def plot_ppo_curves(rows: list[dict[str, Any]], path) -> None:
-    plt = plt_module()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    steps = [r["step"] for r in rows]
-    axes[0].plot(steps, [r["objective/score"] for r in rows], label="reward model")
-    if "objective/gold" in rows[0]:
-        axes[0].plot(steps, [r["objective/gold"] for r in rows], label="gold")
-    axes[0].set(xlabel="step", title="score")
-    axes[0].legend(fontsize=8)
-    axes[1].plot(steps, [r["objective/kl"] for r in rows])
-    axes[1].set(xlabel="step", title="KL to reference (nats)")
-    axes[2].plot(steps, [r["policy/response_length"] for r in rows])
-    axes[2].set(xlabel="step", title="response length (tokens)")
-    save_figure(fig, path)
-
-
-# What --resume may change: how long to train and how often to save. Anything else must match the saved run.
-RESUMABLE_CHANGES = {"steps", "save_every", "eval_every", "eval_prompts"}  # the held-out curve changes no step
-
-
-def run_settings(run: RunConfig, cfg: RLHFConfig, ppo: PPOConfig) -> dict[str, Any]:
-    """Every setting that shapes a PPO run's steps, flat, as saved in its checkpoint."""
-    keys = ("task", "data", "judge", "seed", "max_train_pairs", "reward_fn", "reward_weights")
-    # how the reward model's scores become the reward (the model itself is checked by content: model_identity)
-    keys += ("reward_objective", "uncertainty_coef", "length_penalty")
-    data = {k: getattr(run, k) for k in keys}
-    if run.checkable_task:  # its problems
-        data.update(asdict(run.checkable))
-    return {**data, **asdict(cfg), **ppo.to_dict()}
-
-
-def command_defaults(algorithm: str) -> dict[str, Any]:
-    """The settings an algorithm's command runs with when no flag is given: what a report compares a run's
-    settings with (the dataclasses' defaults and the algorithm's preset, one level)."""
-    return {**run_settings(RunConfig(), RLHFConfig(), PPOConfig()), **get_algorithm(algorithm).defaults}
-
-
-def check_resume_settings(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Refuse a resume whose settings differ from the saved run's (naming each): the record must say what ran."""
-    diff = [
-        f"--{k} {current[k]!r} (saved: {saved[k]!r})"
-        for k in current
-        if k in saved and k not in RESUMABLE_CHANGES and saved[k] != current[k]
-    ]
-    if diff:
-        raise UserError(
-            f"--resume with settings that differ from the saved run: {', '.join(diff)}; pass the saved "
-            "values (only --steps, --save_every and the held-out evaluation's settings may change) or start a new "
-            "--policy_dir"
-        )
-
-
-def model_identity(rd: RunDir, reward_model: bool = True) -> dict[str, str]:
-    """What a policy run trains against, by content: the SFT model (the starting policy and the reference) and
-    the reward model (unless the reward is a program). Saved in every checkpoint; `--resume` refuses to continue
-    against other models."""
-    identity = {"sft": folder_digest(rd.sft)}
-    if reward_model:
-        identity["reward_model"] = folder_digest(rd.reward_model)
-    return identity
+# Shared by the policy stages (online and DPO) and the evaluation ------------------------------------------
 
 
 def task_reward(run: RunConfig, task: Task, tok, device: torch.device, reads: str = "auto"):
@@ -286,16 +195,6 @@ def task_reward(run: RunConfig, task: Task, tok, device: torch.device, reads: st
     return run.dir.load_reward_model(tok, reads, device, run.reward_objective, run.uncertainty_coef, run.length_penalty)
 
 
-def check_resume_identity(saved: dict[str, str] | None, current: dict[str, str], rd: RunDir) -> None:
-    changed = [name for name, digest in current.items() if saved is not None and saved.get(name) != digest]
-    if changed:
-        where = ", ".join(str(rd.path / name) for name in changed)
-        raise UserError(
-            f"--resume against other models than the saved run's: {where} changed since it started (a stage was "
-            "re-run); resume with the models it trained against, or start a new --policy_dir"
-        )
-
-
 def start_policy(rd: RunDir, device: torch.device, lora: LoraConfig):
     """`(policy, tokenizer)` of a policy stage: the SFT model, with fresh trainable LoRA adapters if asked for."""
     model, tok = rd.load_sft(device)
@@ -308,141 +207,7 @@ def reference_model(rd: RunDir, device: torch.device, lora: LoraConfig):
     return None if lora.enabled else rd.load_sft(device)[0]
 
 
-def stage_ppo(
-    run: RunConfig,
-    cfg: RLHFConfig,
-    ppo: PPOConfig,
-    where: ResumeConfig,
-    lora: LoraConfig | None = None,
-    algorithm: str = "ppo",
-) -> dict[str, Any]:
-    """An online RLHF run of one algorithm of `online.ALGORITHMS` (its output directory defaults to
-    run_dir/ALGORITHM)."""
-    task = run.start()
-    rd = run.dir
-    get_algorithm(algorithm).check(cfg, ppo)
-    lora = lora_settings(lora)
-    device = run.torch_device
-    out = rd.policy_dir(where.policy_dir or algorithm)
-    settings = {**run_settings(run, cfg, ppo), **asdict(lora), "algorithm": algorithm}
-    with out.lock(), rd.reading():
-        out.check_kind(algorithm)
-        identity = model_identity(rd, reward_model=task.reward is None)
-        state = None
-        if where.resume:
-            model, tok, state = out.load_checkpoint(lambda: rd.load_sft(device) if lora.enabled else None)
-            check_resume_identity(state.get("models"), identity, rd)
-            check_resume_settings(state.get("settings", {}), settings)
-        else:
-            model, tok = start_policy(rd, device, lora)
-        ref_model = reference_model(rd, device, lora)
-        rm = task_reward(run, task, tok, device, cfg.reward_reads)
-        trainer = RLHFTrainer(
-            model,
-            rm,
-            tok,
-            cfg,
-            ppo,
-            task.train_prompts,
-            run.seed,
-            judge=task.judge,
-            ref_model=ref_model,
-            algorithm=algorithm,
-        )
-        if state is not None:
-            trainer.load_state(state)
-        # A resumed run keeps exactly the history up to its checkpoint's step.
-        rows = out.load_metrics(upto=trainer.step_count) if state is not None else []
-
-        def checkpoint() -> None:
-            state = trainer.state()  # every rank: it gathers the ranks' RNG states
-            logger.flush()  # first the history, so a kill right after the checkpoint leaves no hole in it
-            samples_log.flush()
-            out.save_checkpoint(trainer.policy.lm, trainer.tok, {**state, "settings": settings, "models": identity})
-            barrier()
-
-        def report() -> None:
-            """The step's replies into samples.jsonl (once per step), and report.html rebuilt from the files."""
-            if trainer.last_samples and trainer.step_count > reported[-1]:
-                samples_log.log(trainer.step_count, {"samples": trainer.last_samples})
-                reported.append(trainer.step_count)
-            if is_main():
-                logger.flush()
-                samples_log.flush()
-                write_report([out.path])
-
-        rd.save_json(out.path / "settings.json", {"settings": settings, "preset": command_defaults(algorithm)})
-        config = {"settings": settings, "run_dir": str(rd.path)}
-        logger = MetricLogger(out.path, where.trackers, rows, enabled=is_main(), config=config)
-        kept = out.load_samples(upto=trainer.step_count) if state is not None else []
-        samples_log = MetricLogger(out.path, (), kept, enabled=is_main(), filename=out.sample_log.name)
-        reported = [kept[-1]["step"] if kept else 0]
-        held_out = task.eval_prompts[: cfg.eval_prompts]
-        evaluate = lambda: float(  # noqa: E731  greedy: draws no random numbers, so the run is the same without it
-            np.mean(greedy_accuracy(trainer.policy.lm, tok, task, held_out, cfg.max_new_tokens))
-        )
-        initial = evaluate() if cfg.eval_every and state is None else None
-        train_s = sum(r["time/step_s"] for r in rows)
-        t0 = time.perf_counter()
-        bar = tqdm(
-            total=cfg.steps,
-            initial=trainer.step_count,
-            desc=algorithm,
-            disable=not (run.progress and is_main()),
-            leave=False,
-        )
-        try:
-            while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
-                m = trainer.step()
-                train_s += m["time/step_s"]
-                m["time/train_s"] = train_s  # training only: the held-out evaluations are not counted
-                if cfg.eval_every and trainer.step_count % cfg.eval_every == 0:
-                    m["eval/greedy_gold"] = evaluate()
-                logger.log(m["step"], m)
-                rows.append(m)
-                bar.update(1)
-                bar.set_postfix(
-                    score=f"{m['objective/score']:.2f}",
-                    gold=f"{m.get('objective/gold', 0):.2f}",
-                    kl=f"{m['objective/kl']:.2f}",
-                    refresh=False,
-                )
-                if trainer.step_count == 1 or (where.report_every and trainer.step_count % where.report_every == 0):
-                    report()
-                if cfg.save_every and trainer.step_count % cfg.save_every == 0:
-                    checkpoint()
-            report()  # the last step's replies, unless just reported, and the report at the end
-            checkpoint()
-        finally:
-            bar.close()
-            logger.close()
-            samples_log.close()
-        out.save_policy(trainer.policy.lm, trainer.tok)
-        rd.save_json(out.samples, trainer.last_samples)
-        if rows and is_main():
-            plot_ppo_curves(rows, out.curves)
-        last = rows[-1] if rows else {}
-        step_s = sum(r["time/step_s"] for r in rows)
-        summary = {
-            "stage": "ppo",
-            "algorithm": algorithm,
-            "steps": trainer.step_count,
-            "wall_s": time.perf_counter() - t0,
-            "stopped_by_kl_limit": trainer.stopped_by_kl_limit,
-            "final_score": last.get("objective/score"),
-            "final_gold": last.get("objective/gold"),
-            "final_kl": last.get("objective/kl"),
-            "final_beta": last.get("objective/beta"),
-            "initial_greedy_gold": initial,
-            "final_greedy_gold": last.get("eval/greedy_gold"),
-            "world_size": rank_and_world()[1],  # episodes: all ranks' (batch_size is per rank)
-            "episodes_per_s": cfg.batch_size * rank_and_world()[1] * len(rows) / max(1e-9, step_s),
-            "config": asdict(cfg),
-            "ppo": ppo.to_dict(),
-        }
-        rd.save_json(out.summary, summary)
-    barrier()
-    return summary
+# 5. The online policy stage: policy_stage.py (every algorithm of the table) -----------------------------
 
 
 # 5b. DPO: offline, on the preference pairs -----------------------------------------------------------------

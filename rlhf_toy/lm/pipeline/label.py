@@ -1,4 +1,5 @@
-"""The `label` command: its settings, the model the pairs come from, and the run (the web app is `app`)."""
+"""The `label` command: its settings, the model the pairs come from, and the run (the web app is
+`labeling.app`; `labeling` sits below `pipeline` and never imports it)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from pathlib import Path
 from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError
 
+from ..labeling.session import LABELER, LabelSession, PairSource
+from ..labeling.store import LabelLog
 from ..models.base import context_length
 from ..models.chat import check_fits, encode_prompts
 from ..models.checkpoints import load_causal_lm
 from ..models.sampling import sample
-from ..pipeline.run import RunConfig
-from .session import LABELER, LabelSession, PairSource
-from .store import LabelLog
+from .run import RunConfig
 
 
 @dataclass
@@ -66,7 +67,7 @@ def run_label(run: RunConfig, cfg: LabelConfig) -> int:
     """The `label` command: sample pairs ahead, serve the page until Ctrl-C, then print what was labeled."""
     # fastapi and uvicorn are the optional 'label' extra: imported only when the page is served
     try:
-        from .app import bind, open_server  # fastapi, uvicorn: the optional extra
+        from ..labeling.app import bind, open_server  # fastapi, uvicorn: the optional extra
     except ImportError as exc:
         raise UserError(
             f"the labeling page needs the 'label' extra ({exc.name} is missing): pip install -e '.[label]'"
