@@ -8,6 +8,7 @@ to a `Command` (or to a `Group` of them, for `cartpole lesson build`).
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -79,6 +80,17 @@ def flag_names(argv: Sequence[str]) -> list[tuple[str, str]]:
     return [(f, f[5:] if f.startswith("--no_") else f[2:]) for f in flags]
 
 
+def did_you_mean(flag: str, known: set[str]) -> str:
+    """ "; did you mean --x?" for the closest known flags (spelling, a prefix, or initials: --lr is --learning_rate),
+    or ""."""
+    name = flag.lstrip("-")
+    names = sorted({k.lstrip("-").replace("-", "_") for k in known if k.startswith("--")})  # --a-b is --a_b
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    close += [n for n in names if n.startswith(name) and n not in close][:2]
+    close += [n for n in names if "".join(w[:1] for w in n.split("_")) == name and n not in close][:2]
+    return f"; did you mean {' or '.join('--' + n for n in close[:3])}?" if close else ""
+
+
 def parse_configs(
     configs: tuple[type, ...],
     argv: Sequence[str],
@@ -106,6 +118,10 @@ def parse_configs(
         defaults = asdict(defaults)
     if defaults:
         parser.set_defaults(**defaults)
+    known = {o for action in parser._actions for o in action.option_strings}
+    for flag, _ in flag_names(argv):
+        if flag not in known:
+            raise UserError(f"unknown flag {flag}{did_you_mean(flag, known)}; see {prog} --help")
     try:
         return tuple(parser.parse_args_into_dataclasses(list(argv)))
     except UserError:

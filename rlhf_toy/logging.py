@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -117,7 +119,16 @@ class MetricLogger:
         if self._tb is not None:
             self._tb.close()
         if self._trackio is not None:
-            self._trackio.finish()
+            # Trackio's local run says "Uploading logs to Trackio (please wait...)" while it writes its local
+            # database: nothing is uploaded, so that line is dropped; anything else it prints is passed on.
+            # trackio.finish() (not the run's own): it also forgets the run, so that its exit hook does not finish it
+            # again and say so a second time.
+            import trackio  # the optional trackio extra (trackers() checked that it is installed)
+
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                trackio.finish()
+            print("".join(line for line in out.getvalue().splitlines(True) if "Uploading logs" not in line), end="")
 
 
 def _plain(v: Any) -> Any:

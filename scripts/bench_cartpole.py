@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from cartpole.bench import compare
+from benchlib.cartpole import compare
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

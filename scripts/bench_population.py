@@ -10,7 +10,7 @@ single run, each in a fresh process, alternated in one session (medians over --r
 import argparse
 import json
 
-from cartpole.bench import population_curve
+from benchlib.cartpole import population_curve
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

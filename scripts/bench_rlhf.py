@@ -18,7 +18,7 @@ against GRPOTrainer with the matching loss_type / epsilon_high / importance_samp
 Each size also gets a table of the phases of our step (sampling, the reward model, the policy's and the
 reference's forward passes, the update): seconds per step, FLOPs counted from the model's weights, the GFLOP/s
 this machine's matrix multiplies reach at that phase's shapes (measured in the same process), the floor
-(FLOPs / that rate) and the distance to it (`rlhf_toy/lm/pipeline/floor.py`). With TRL beside it, one more step on
+(FLOPs / that rate) and the distance to it (`scripts/benchlib/floor.py`). With TRL beside it, one more step on
 each side runs under torch's FlopCounterMode: each side's matrix-multiply work per step, its distance to its
 floor, and how much of the speed ratio is less work and how much faster work (`work_comparison`). Both sides get
 the same prompts and, for the tiny models, the same tokenizer (the same token ids).
@@ -33,10 +33,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchlib.rlhf import TRL_RUNNERS, ours_in_subprocess, trl, work_comparison
+
 from rlhf_toy.errors import UserError
 from rlhf_toy.lm.algorithms.online import ALGORITHMS
 from rlhf_toy.lm.models.base import resolve_base_model
-from rlhf_toy.lm.pipeline.bench import TRL_RUNNERS, ours_in_subprocess, trl, work_comparison
 
 PEERS = Path(__file__).resolve().parent / "peers"  # the TRL runners
 
@@ -106,7 +107,7 @@ if __name__ == "__main__":
         for peer in ("trl", "trl-nogc"):
             if eps.get(peer) and eps.get("rlhf-toy"):
                 report[size][f"ratio_vs_{peer}"] = eps["rlhf-toy"] / eps[peer]
-        # Each phase's distance to its compute floor (rlhf_toy/lm/pipeline/floor.py), medians over the repeats.
+        # Each phase's distance to its compute floor (scripts/benchlib/floor.py), medians over the repeats.
         report[size]["phases"] = {
             p: {k: statistics.median(r[p][k] for r in phases) for k in phases[0][p]} for p in phases[0]
         }

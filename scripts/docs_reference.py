@@ -150,7 +150,8 @@ def algorithms_page() -> str:
     rows = [
         [a.label, f"`rlhf-toy {a.command}`", f"`{a.advantages.__name__}`", a.policy_loss, update(a),
          "yes" if a.uses_critic else "no", str(a.default_group_size),
-         ", ".join(f"{k}={cell(v)}" for k, v in a.rollout.items()) or "-"]
+         ", ".join(f"{k}={cell(v)}" for k, v in a.rollout.items()) or "-",
+         ", ".join(f"`{k}`" for k in sorted(a.unread)) or "-"]
         for a in algorithms
     ]  # fmt: skip
     summaries = [
@@ -161,14 +162,19 @@ def algorithms_page() -> str:
         "The online algorithms, from the one table that holds their identity (`rlhf_toy.lm.algorithms.online."
         "ALGORITHMS`). Commands, labels, `compare`'s methods and the benchmark are derived from it. DPO is "
         "offline (its own stage, `rlhf-toy dpo`). How to add one: [Contributing](../contributing.md).\n",
-        table(["algorithm", "command", "advantages", "policy loss", "update", "critic", "k", "rollout"], rows) + "\n",
+        table(["algorithm", "command", "advantages", "policy loss", "update", "critic", "k", "rollout",
+               "does not read"], rows) + "\n",
         *summaries, "",
         "`k` is the number of replies sampled per prompt (`--group_size`). Policy loss `clipped` is PPO's clipped "
         "surrogate; `pg` is the plain policy gradient, -log pi(a) A. `update`: the importance ratio's level (token, "
         "or one per reply: GSPO), the clip range (eps_low / eps_high: DAPO's clip-higher) and how per-token losses "
         "become one (`token`: over the minibatch's tokens; `sequence`: each reply's mean, then over replies; "
         "`constant`: the sum over tokens divided by replies x max_new_tokens). `rollout`: the sampling settings it "
-        "changes. Where the KL goes is a setting of every algorithm: `--kl_in reward` (default) puts -beta KL in "
+        "changes. `does not read`: the settings the algorithm ignores by its nature, refused as flags and through "
+        "the Python API (`OnlineAlgorithm.unread` says why). The record is a contract: "
+        "`ALGORITHMS[NAME].configs(**overrides)` gives the `(RLHFConfig, PPOConfig)` its command runs, and "
+        "`RLHFTrainer(..., algorithm=NAME)` runs the record with only the fields the caller's configs were given "
+        "on top. Where the KL goes is a setting of every algorithm: `--kl_in reward` (default) puts -beta KL in "
         "the per-token reward; `--kl_in loss` adds beta times the k3 (or `--kl_estimator k2`) estimate to the "
         "loss (DeepSeekMath). Each algorithm's preset is in [Presets](presets.md).\n",
     ])  # fmt: skip

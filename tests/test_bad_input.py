@@ -18,6 +18,11 @@ CASES = [
     (rlhf_main, ["compare", "--seeds", "0,-2"], "seeds must be an integer from 0"),
     (rlhf_main, ["sample", "--device", "mps", "--prompt", "hi"], "--device 'mps' is not supported"),
     (rlhf_main, ["tokenizer", "--device", "meta"], "--device 'meta' is not supported"),
+    # an unknown flag: the closest real ones (spelling, prefix, initials) and --help, never an internal class name
+    (rlhf_main, ["ppo", "--lr", "abc"], "unknown flag --lr; did you mean --learning_rate"),
+    (rlhf_main, ["ppo", "--learnig_rate", "1"], "unknown flag --learnig_rate; did you mean --learning_rate?; see"),
+    (rlhf_main, ["grpo", "--zzz", "1"], "unknown flag --zzz; see rlhf-toy grpo --help"),
+    (cartpole_main, ["train", "--seeed", "1"], "unknown flag --seeed; did you mean --seed"),
 ]
 
 

@@ -3,8 +3,11 @@ navigation, and every code block either included from a file a test runs or mark
 
 from __future__ import annotations
 
+import os
 import re
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,3 +132,29 @@ def test_the_core_exports_what_the_how_tos_use():
 
     for name in ("NonFiniteUpdate", "dr_grpo_advantages", "kl_k2", "minibatch_loss", *rlhf_toy.__all__):
         assert hasattr(rlhf_toy, name), name
+
+
+# The results pages; history.md is the archive of superseded runs, as they were written, and has no length rule.
+RESULTS = sorted(p for p in (DOCS / "results").glob("*.md") if p.name != "history.md")
+
+
+@pytest.mark.parametrize("page", RESULTS, ids=[p.name for p in RESULTS])
+def test_a_results_page_states_the_current_state_in_under_200_lines(page):
+    """A results page opens with its current figures and keeps superseded runs on the History page."""
+    lines = page.read_text().splitlines()
+    assert len(lines) < 200, f"{page.name}: {len(lines)} lines"
+
+
+@pytest.mark.integration
+def test_the_built_site_shows_no_test_marker(tmp_path):
+    """The source marks code blocks no test runs (`title="illustrative"`); the site must not show that word as a
+    block's title, where it reads as "not the real command" (scripts/docs_hooks.py takes it out)."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", tmp_path],
+                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert build.returncode == 0, build.stderr[-2000:]
+    pages = list(tmp_path.rglob("*.html"))
+    assert len(pages) > 20
+    shown = [p.name for p in pages if '<span class="filename">illustrative' in p.read_text()]
+    assert not shown, shown
+    assert "<code" in (tmp_path / "tutorials" / "cartpole" / "index.html").read_text()  # the blocks are there

@@ -63,3 +63,30 @@ def test_the_checker_example_scores_as_trl_would_call_it():
 
     assert exact_answer(prompts=["a", "b"], completions=["it is 12", "13 or 14"], answer=["12", "13"]) == [1.0, 0.0]
     assert brevity(prompts=["a"], completions=["one two"]) == [0.9]
+
+
+def test_the_library_works_from_a_wheel_without_the_repository(tmp_path):
+    """A non-editable install: the wheel `pip` builds from this tree, installed on its own (no editable finder, no
+    repository on the path), imports `rlhf_toy`, holds its page templates and no benchmark harness, and runs the
+    core example and a command's --help from another directory."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    build = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, ROOT],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    (wheel,) = wheels.glob("rlhf_toy-*.whl")
+    install = subprocess.run([*pip, "install", "--no-deps", "--target", site, wheel], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr
+    installed = {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()}
+    assert "rlhf_toy/report/template.html" in installed and "rlhf_toy/lm/labeling/page.html" in installed
+    assert not any("benchlib" in p or p.startswith("scripts/") or "floor.py" in p for p in installed)
+    env = {**ENV, "PYTHONPATH": str(site)}  # the wheel's files first; the dependencies from this environment
+    where = subprocess.run([sys.executable, "-c", "import rlhf_toy; print(rlhf_toy.__file__)"], capture_output=True,
+                           text=True, cwd=tmp_path, env=env)  # fmt: skip
+    assert where.stdout.startswith(str(site)), (where.stdout, where.stderr)
+    run = subprocess.run([sys.executable, ROOT / "examples" / "corridor.py"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert run.returncode == 0 and "P(right)" in run.stdout, run.stderr
+    cli = subprocess.run([sys.executable, "-m", "rlhf_toy.lm", "grpo", "--help"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert cli.returncode == 0 and "--group_size" in cli.stdout, cli.stderr

@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from rlhf_toy.lm.pipeline.floor import Weights, floors, pass_flops, phase_flops, weights
+from scripts.benchlib.floor import Weights, floors, pass_flops, phase_flops, weights
 
 
 def gpt2():
@@ -81,7 +81,7 @@ def test_floors_measure_the_rate_and_the_distance():
 
 @pytest.mark.integration
 def test_the_benchmark_reports_every_phase_against_its_floor():
-    from rlhf_toy.lm.pipeline.bench import ours
+    from scripts.benchlib.rlhf import ours
 
     r = ours(episodes=16, batch_size=8, response_length=8, n_layer=1, n_embd=32, threads=1)
     # PPO's values and log-probs come from sampling (the lean loop): no forward pass of the policy to time
@@ -93,7 +93,7 @@ def test_the_benchmark_reports_every_phase_against_its_floor():
 
 
 def test_work_comparison_by_hand():
-    from rlhf_toy.lm.pipeline.bench import work_comparison
+    from scripts.benchlib.rlhf import work_comparison
 
     # ours: 10 GFLOPs a step at 64 / 32 = 2 s; TRL: 20 GFLOPs at 64 / 8 = 8 s; the machine: 20 GFLOP/s
     w = work_comparison({"rlhf-toy": 10.0, "trl": 20.0}, {"rlhf-toy": 32.0, "trl": 8.0}, 64, 20.0)
@@ -110,7 +110,7 @@ def test_the_trl_runners_get_the_same_token_ids():
     import json
 
     from rlhf_toy.lm.models.chat import encode_prompts
-    from rlhf_toy.lm.pipeline.bench import bench_task, bench_tokenizer, same_job
+    from scripts.benchlib.rlhf import bench_task, bench_tokenizer, same_job
 
     args = dict(zip(*[iter(same_job(None))] * 2))
     loaded = AutoTokenizer.from_pretrained(args["--tokenizer-dir"], padding_side="left")
@@ -133,7 +133,7 @@ def test_each_phase_of_a_real_step_costs_what_the_formula_counts(algorithm, monk
     import contextlib
     from dataclasses import replace
 
-    import rlhf_toy.lm.pipeline.bench as bench
+    import scripts.benchlib.rlhf as bench
     from rlhf_toy.runtime import PhaseClock
 
     counted: dict[str, int] = {}

@@ -284,7 +284,7 @@ def test_vector_evaluation_equals_one_episode_at_a_time():
 def test_population_benchmark_alternates_and_reports_medians():
     """`scripts/bench_population.py`'s report on a tiny budget: a single run and each size, alternated per round,
     medians and their ratio (the populations split over two worker processes)."""
-    from cartpole.bench import population_curve
+    from scripts.benchlib.cartpole import population_curve
 
     r = population_curve([2], threads=1, total_steps=1024, repeats=2, workers=2)  # the two seeds on two workers
     assert len(r["single_run_walls_s"]) == 2 and r["single_run_median_wall_s"] > 0 and r["workers"] == 2

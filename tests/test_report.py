@@ -66,6 +66,19 @@ def test_each_alarm_fires_on_its_curve_and_only_then(alarm, change):
     assert alarm not in names(rows_of(**CALM))
 
 
+def test_length_exploitation_accounts_for_the_length_limit():
+    """Replies that start at 26 tokens under a 32-token cap can never grow by 25%: growing into the cap with flat gold
+    fires the alarm (half the way to the limit counts); the same run without the limit logged does not, and replies
+    that stay put under the cap do not."""
+    into_cap = {**CALM, "policy__response_length": lambda t: min(32.0, 26 + 0.3 * t), "objective__gold": lambda t: 0.3}
+    assert "length-exploitation" in names(rows_of(**into_cap, policy__length_limit=lambda t: 32.0))
+    assert "length-exploitation" not in names(rows_of(**into_cap))  # 32 < 1.25 x 26: no limit, no alarm
+    steady = {**into_cap, "policy__response_length": lambda t: 26.0}
+    assert "length-exploitation" not in names(rows_of(**steady, policy__length_limit=lambda t: 32.0))
+    rising_gold = {**into_cap, "objective__gold": lambda t: min(0.8, t / 35)}  # longer and better: no alarm
+    assert "length-exploitation" not in names(rows_of(**rising_gold, policy__length_limit=lambda t: 32.0))
+
+
 def test_non_finite_values_fire_except_where_nan_means_not_applicable():
     rows = rows_of(**CALM)
     rows[10]["ppo/clip_range"] = math.nan  # no clipping configured
@@ -127,13 +140,14 @@ def test_report_to_follows_transformers_convention():
         trackers("wandb")
 
 
-def test_trackio_receives_every_scalar(tmp_path, monkeypatch):
+def test_trackio_receives_every_scalar(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     log = MetricLogger(tmp_path / "run", report_to=("trackio",), project="rlhf-toy-test")
     for step in range(1, 4):
         log.log(step, {"objective/score": step / 10, "note": "text is not a scalar"})
     log.close()
     assert (tmp_path / "trackio" / "rlhf-toy-test.db").is_file()
+    assert "Uploading" not in capfd.readouterr().out  # a local database: nothing is uploaded, and none is said
 
 
 # The page and the command.

@@ -156,7 +156,9 @@ def overoptimization(rows: Rows) -> Finding | None:
 
 def length_exploitation(rows: Rows) -> Finding | None:
     """Replies 25% longer than at the start while gold's moving average is no higher than at the start (within
-    2 noise standard errors)."""
+    2 noise standard errors). Where the length limit (`policy/length_limit`) leaves less room than 25%, half the
+    way from the start to the limit counts: replies that start at 26 tokens under a 32-token cap can never grow
+    by 25%, and growing into the cap is the symptom."""
     length, gold = series(rows, "policy/response_length"), series(rows, "objective/gold")
     if length is None or gold is None or len(length[1]) != len(gold[1]):
         return None
@@ -168,7 +170,11 @@ def length_exploitation(rows: Rows) -> Finding | None:
     nm, gm = moving_average(n, w), moving_average(g, w)
     base_n, base_g = float(n[:w].mean()), float(g[:w].mean())
     margin = 2 * noise(g) / math.sqrt(w)
-    i = first((nm > 1.25 * base_n) & (gm <= base_g + margin), w)
+    grown = 1.25 * base_n
+    limit = series(rows, "policy/length_limit")
+    if limit is not None and len(limit[1]) == len(n):
+        grown = min(grown, base_n + 0.5 * (float(limit[1].min()) - base_n))
+    i = first((nm > grown) & (gm <= base_g + margin), w)
     if i is None:
         return None
     return Finding(

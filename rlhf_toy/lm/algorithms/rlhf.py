@@ -383,6 +383,7 @@ class RLHFTrainer:
             "objective/non_score_reward": (-beta * seq_kl).mean().item(),
             "policy/entropy": masked_mean(exp.entropy, mask).item(),
             "policy/response_length": lengths.float().mean().item(),
+            "policy/length_limit": float(self.cfg.max_new_tokens),  # what the length alarms measure against
             "policy/prompt_tokens": float(exp.batch.observations[0].shape[1]),  # the batch's padded prompt length
             "policy/eos_rate": exp.eos.float().mean().item(),
             "policy/distinct_2": distinct_2(exp.texts),

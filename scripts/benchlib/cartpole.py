@@ -8,6 +8,7 @@ seed by seed in one session so that machine drift hits both, and the report give
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -17,9 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .population import train_population
-from .settings import CARTPOLE_PPO, TrainConfig
-from .train import train
+from cartpole.population import train_population
+from cartpole.settings import CARTPOLE_PPO, TrainConfig
+from cartpole.train import train
+
+from . import SCRIPTS
 
 
 def sb3_time_to_solve(seed: int, threads: int, total_steps: int = 100_000) -> dict[str, Any]:
@@ -124,12 +127,11 @@ def run_in_subprocess(peer: str, seed: int, threads: int, total_steps: int, **kw
     # torch.optim imports torch._dynamo on the first optimizer (~0.65 s here); both peers pay it before
     # their clocks start, so the figure compares training, not a one-time import.
     code = (
-        "import json, sys, torch._dynamo; from cartpole.bench import RUNNERS; "  # population: seed = N
+        f"import json, sys, torch._dynamo; sys.path.insert(0, {str(SCRIPTS)!r}); "
+        "from benchlib.cartpole import RUNNERS; "  # population: seed = N
         f"print(json.dumps(RUNNERS[{peer!r}]({seed}, {threads}, {total_steps}, **{kwargs!r})))"
     )
     env_vars = {"OMP_NUM_THREADS": str(threads)}
-    import os
-
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env_vars}, check=False
     )

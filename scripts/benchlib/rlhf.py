@@ -4,7 +4,7 @@ Both sides: a randomly initialised tiny GPT-2 (policy, reference, reward model),
 exactly `response_length` generated tokens (no stop at EOS), 4 PPO epochs of one 64-sequence minibatch,
 one torch thread. An episode = one prompt's generation + scoring + its share of the update.
 TRL runs in its own virtual environment through the runners in `scripts/peers/` (trl 1.12 pins its own
-versions; the script `scripts/bench_rlhf.py` passes their folder in); the docs' Results pages give the setup.
+versions); the docs' Results pages give the setup.
 """
 
 from __future__ import annotations
@@ -25,18 +25,19 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
+from rlhf_toy.lm.algorithms.online import ALGORITHMS
+from rlhf_toy.lm.algorithms.rlhf import RLHFTrainer
+from rlhf_toy.lm.data.tasks import helpdesk_task
+from rlhf_toy.lm.models.base import load_base
+from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm
+from rlhf_toy.lm.models.chat import prompt_text, train_tokenizer
+from rlhf_toy.lm.pipeline.run import quiet_libraries
 from rlhf_toy.report.page import PHASES
 
-from ..algorithms.online import ALGORITHMS
-from ..algorithms.rlhf import RLHFTrainer
-from ..data.tasks import helpdesk_task
-from ..models.base import load_base
-from ..models.causal_lm import ModelConfig, new_causal_lm
-from ..models.chat import prompt_text, train_tokenizer
+from . import SCRIPTS
 from .floor import floors, value_head_weights, weights
-from .run import quiet_libraries
 
-# The TRL runner of each algorithm that TRL has (file names in the peers folder the caller passes).
+# The TRL runner of each algorithm that TRL has (in scripts/peers/, beside this harness).
 TRL_RUNNERS = {
     "ppo": "trl_ppo_bench.py",
     "rloo": "trl_critic_free_bench.py",
@@ -256,7 +257,10 @@ def work_comparison(
 
 
 def ours_in_subprocess(**kw: Any) -> dict[str, Any]:
-    code = f"import json; from rlhf_toy.lm.pipeline.bench import ours; print(json.dumps(ours(**{kw!r})))"
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(SCRIPTS)!r}); from benchlib.rlhf import ours; "
+        f"print(json.dumps(ours(**{kw!r})))"
+    )
     return run_json([sys.executable, "-c", code], kw["threads"], "rlhf-toy")
 
 
