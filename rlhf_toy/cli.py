@@ -9,30 +9,52 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, NoReturn
 
+from .distributed import is_main
 from .errors import UserError
+
+Ref = str  # "package.module:name": imported when the command runs, so that `--help` of the whole CLI stays light
+
+
+def resolve(ref: Any) -> Any:
+    """The object a `Ref` names (`"rlhf_toy.lm.pipeline.run:RunConfig"`); anything else is returned as it is."""
+    if isinstance(ref, str) and ":" in ref:
+        module, name = ref.split(":", 1)
+        return getattr(importlib.import_module(module), name)
+    return ref
 
 
 @dataclass
 class Command:
     """One subcommand: its help line, its config dataclasses, flag-default overrides, and its function.
 
-    `defaults` is a dict of flag values, or a config instance (a preset) whose fields become the defaults.
-    `positional` names a list flag that the arguments before the first flag fill (`report A B` = `report --runs A B`).
-    `unread` maps the fields of its configs that this command does not read to why: such a flag is refused with
-    one line (never ignored) and left out of `--help` and the reference page.
+    `configs`, `run` and `defaults` may each be given as the object or as a `Ref` ("module:name"), imported only
+    when the command itself runs (or prints its own --help). `defaults` is a dict of flag values, or a config
+    instance (a preset) whose fields become the defaults. `run(*configs, *extra)` returns an exit status, or with
+    `prints` a summary dict that is printed as one JSON line. `positional` names a list flag that the arguments
+    before the first flag fill (`report A B` = `report --runs A B`). `unread` maps the fields of its configs that
+    this command does not read to why: such a flag is refused with one line (never ignored) and left out of
+    `--help` and the reference page.
     """
 
     help: str
-    configs: tuple[type, ...]
-    run: Callable[..., int | None]
+    configs: tuple[type | Ref, ...]
+    run: Callable[..., Any] | Ref
     defaults: Any = None
     positional: str | None = None
     unread: Mapping[str, str] = field(default_factory=dict)
+    extra: tuple[Any, ...] = ()
+    prints: bool = False
+
+    def load(self) -> tuple[tuple[type, ...], Callable[..., Any], Any]:
+        """`(config classes, function, defaults)`, imported."""
+        return tuple(resolve(c) for c in self.configs), resolve(self.run), resolve(self.defaults)
 
 
 @dataclass
@@ -63,10 +85,22 @@ def dispatch(prog: str, commands: dict[str, Command | Group], argv: Sequence[str
         bare = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
         if bare:
             args = [f"--{cmd.positional}", *args]
+    classes, run, defaults = cmd.load()
     configs = parse_configs(
-        cmd.configs, args, prog=f"{prog} {argv[0]}", help=cmd.help, defaults=cmd.defaults, unread=cmd.unread
+        classes, args, prog=f"{prog} {argv[0]}", help=cmd.help, defaults=defaults, unread=cmd.unread
     )
-    return int(cmd.run(*configs) or 0)
+    out = run(*configs, *cmd.extra)
+    if cmd.prints:
+        print_summary(out)
+        return 0
+    return int(out or 0)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """A stage's figures as one JSON line (long lists and configs stay in the run directory's files); under
+    torchrun rank 0 prints it."""
+    if is_main():
+        print(json.dumps({k: v for k, v in summary.items() if k not in ("history", "samples", "config", "ppo")}))
 
 
 def one_line_error(prog: str, message: str) -> NoReturn:

@@ -48,12 +48,12 @@ def type_name(config: type, field: dataclasses.Field) -> str:
 def flags(cmd: Command) -> list[list[str]]:
     """One row per flag the command reads: `--name`, type, default (the command's own where it overrides the
     dataclass), help."""
-    defaults = cmd.defaults
+    classes, _, defaults = cmd.load()
     if dataclasses.is_dataclass(defaults):
         defaults = dataclasses.asdict(defaults)
     defaults = defaults or {}
     rows = []
-    for config in cmd.configs:
+    for config in classes:
         for f in dataclasses.fields(config):
             if not f.init or f.name in cmd.unread:  # a flag the command refuses is not listed
                 continue

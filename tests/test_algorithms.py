@@ -410,7 +410,8 @@ def test_every_algorithm_of_the_table_has_its_command_its_comparison_row_its_doc
 
     record = ALGORITHMS[name]
     cmd = COMMANDS[record.command]
-    _, rl, ppo, _, _ = parse_configs(cmd.configs, [], prog=record.command, help=cmd.help, defaults=cmd.defaults)
+    classes, _, defaults = cmd.load()
+    _, rl, ppo, _, _ = parse_configs(classes, [], prog=record.command, help=cmd.help, defaults=defaults)
     assert ppo == record.preset and rl.group_size == record.default_group_size
     assert all(getattr(rl, key) == value for key, value in record.rollout.items())
     assert name in METHODS

@@ -30,7 +30,8 @@ def command_configs(name: str, *flags: str) -> tuple[RLHFConfig, PPOConfig]:
     """The `(RLHFConfig, PPOConfig)` the algorithm's command builds from `flags`."""
     record = ALGORITHMS[name]
     cmd = COMMANDS[record.command]
-    _, rl, ppo, _, _ = parse_configs(cmd.configs, list(flags), record.command, cmd.help, cmd.defaults, cmd.unread)
+    classes, _, defaults = cmd.load()
+    _, rl, ppo, _, _ = parse_configs(classes, list(flags), record.command, cmd.help, defaults, cmd.unread)
     return rl, ppo
 
 
@@ -150,7 +151,7 @@ def test_help_lists_only_the_flags_an_algorithm_reads(capsys, name):
 def test_cartpole_refuses_the_sequence_settings():
     cmd = CARTPOLE_COMMANDS["train"]
     with pytest.raises(UserError, match="--loss_aggregation is not read here: a CartPole sample is one env step"):
-        parse_configs(cmd.configs, ["--loss_aggregation", "sequence"], "cartpole train", cmd.help, cmd.defaults,
+        parse_configs(cmd.load()[0], ["--loss_aggregation", "sequence"], "cartpole train", cmd.help, cmd.defaults,
                       cmd.unread)  # fmt: skip
     with pytest.raises(UserError, match="ratio_level='sequence' means nothing here"):
         train(TrainConfig(), replace(CARTPOLE_PPO, ratio_level="sequence"))  # refused before any work

@@ -51,7 +51,8 @@ def test_the_generated_reference_pages_match_the_code(capsys):
     from rlhf_toy.lm.pipeline.cli import COMMANDS
 
     cmd = COMMANDS["ppo"]  # HfArgumentParser rewrites `Field.type` in place: the pages must not depend on it
-    parse_configs(cmd.configs, [], prog="ppo", help=cmd.help, defaults=cmd.defaults)
+    classes, _, defaults = cmd.load()
+    parse_configs(classes, [], prog="ppo", help=cmd.help, defaults=defaults)
     gen = runpy.run_path(str(ROOT / "scripts" / "docs_reference.py"))
     assert gen["main"](["--check"]) == 0, capsys.readouterr().err
     for name, make in gen["PAGES"].items():

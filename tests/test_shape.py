@@ -160,3 +160,22 @@ def test_the_library_never_reaches_into_scripts():
     for path in (ROOT / "rlhf_toy").rglob("*.py"):
         text = path.read_text()
         assert '"scripts"' not in text and "'scripts'" not in text and "parents[3]" not in text, path.name
+
+
+def test_the_command_list_loads_no_model_library():
+    """`rlhf-toy --help` (and any command's table entry) imports the algorithm records and the core, not
+    transformers, datasets or the stages: the command table names what it runs by reference. (Its time is a
+    benchmark's business; what it imports is this test's.)"""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "from rlhf_toy.lm.pipeline.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    main(['--help'])\n"
+        "heavy = [m for m in ('transformers', 'datasets', 'rlhf_toy.lm.pipeline.stages') if m in sys.modules]\n"
+        "print(heavy, 'grpo' in out.getvalue())\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.stdout.strip() == "[] True", p.stdout + p.stderr

@@ -19,15 +19,54 @@ A new online algorithm is one record in `algorithms/online.py` (on `rlhf_toy.adv
 new model family goes in `models/`, a new stage or command in `pipeline/`.
 """
 
-from .algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
-from .algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
-from .data.rewards import RewardFunctions, load_reward_functions, reward_functions
-from .models.base import load_base
-from .models.checkpoints import save_model
-from .models.devices import resolve_device
-from .models.lora import LoraConfig, add_lora
-from .models.reward_ensemble import ScoredReward, load_scored_reward
-from .models.reward_model import RewardModel
+# The names below load on first use (PEP 562): `rlhf-toy --help` and the light modules (the algorithm table) import
+# this package without pulling in transformers, datasets and the models.
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time `__getattr__` imports them
+    from .algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
+    from .algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config
+    from .data.rewards import RewardFunctions, load_reward_functions, reward_functions
+    from .models.base import load_base
+    from .models.checkpoints import save_model
+    from .models.devices import resolve_device
+    from .models.lora import LoraConfig, add_lora
+    from .models.reward_ensemble import ScoredReward, load_scored_reward
+    from .models.reward_model import RewardModel
+
+_HOME = {  # name -> the module that defines it
+    "ALGORITHMS": "algorithms.online",
+    "LM_PPO": "algorithms.online",
+    "OnlineAlgorithm": "algorithms.online",
+    "RLHFConfig": "algorithms.rlhf_config",
+    "RLHFTrainer": "algorithms.rlhf",
+    "lm_ppo_config": "algorithms.rlhf",
+    "RewardFunctions": "data.rewards",
+    "load_reward_functions": "data.rewards",
+    "reward_functions": "data.rewards",
+    "load_base": "models.base",
+    "save_model": "models.checkpoints",
+    "resolve_device": "models.devices",
+    "LoraConfig": "models.lora",
+    "add_lora": "models.lora",
+    "ScoredReward": "models.reward_ensemble",
+    "load_scored_reward": "models.reward_ensemble",
+    "RewardModel": "models.reward_model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
+
 
 __all__ = [
     "ALGORITHMS",

