@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 import platform
 import time
 from collections.abc import Iterator
@@ -54,19 +53,3 @@ class PhaseClock:
     def take(self) -> dict[str, float]:
         out, self.seconds = self.seconds, {}
         return out
-
-
-def busy_cores_warning(threads: int, cores: int | None = None, load: float | None = None) -> str | None:
-    """A warning when `threads` torch threads will share their cores with other work: the load average (last
-    minute) leaves fewer free cores than threads, and two processes that each spin several threads slow each other
-    10 to 100 times. None on a machine with room (and always for one thread)."""
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    load = load if load is not None else os.getloadavg()[0]
-    free = cores - load
-    if threads <= 1 or free >= threads - 0.5:
-        return None
-    return (
-        f"{threads} torch threads on {cores} cores with a load of {load:.1f} (about {max(0.0, free):.1f} free): "
-        "other work shares these cores and the run may be 10-100x slower than on a quiet machine; --threads 1 "
-        "avoids it (its numbers differ from a multi-thread run's in the last digits)"
-    )

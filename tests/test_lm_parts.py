@@ -176,13 +176,3 @@ def test_paired_gain_matches_a_naive_computation_and_tolerates_identical_scores(
     # a model that scores exactly like the reference (tiny random models do) has zero error: no ratio, no crash
     gain, se = paired_gain(ref, ref)
     assert (gain, se) == (0.0, 0.0) and format_gain(gain, se) == "+0.000 ± 0.000"
-
-
-def test_a_busy_machine_is_said_before_threads_fight_for_it():
-    from rlhf_toy.runtime import busy_cores_warning
-
-    assert busy_cores_warning(2, cores=2, load=0.3) is None  # a quiet machine
-    assert busy_cores_warning(1, cores=2, load=4.0) is None  # one thread never fights itself
-    warning = busy_cores_warning(2, cores=2, load=1.8)
-    assert warning is not None and "--threads 1" in warning and "load of 1.8" in warning
-    assert busy_cores_warning(2, cores=8, load=3.0) is None  # room left

@@ -14,9 +14,7 @@ import transformers
 
 from rlhf_toy.config import check, check_seed, option
 from rlhf_toy.distributed import COLLECTIVE_TIMEOUT_S, barrier, init_distributed, is_main
-from rlhf_toy.errors import note_once
 from rlhf_toy.io import check_no_readers
-from rlhf_toy.runtime import busy_cores_warning
 from rlhf_toy.seeding import seed_everything
 
 from ..data.checkable import CHECKABLE_TASKS, CheckableSettings
@@ -142,9 +140,6 @@ class RunConfig:
         quiet_libraries()
         self.torch_device  # noqa: B018  a missing GPU is an error before any work; joins torchrun's group
         seed_everything(self.seed, self.threads)
-        warning = busy_cores_warning(self.threads)
-        if warning:  # said once per process: a stage of `all` after another does not repeat it
-            note_once(warning, key="busy cores")
         task = get_task(
             self.task, self.data, self.judge, self.seed, self.reward_fn, self.reward_weights, self.checkable
         )
