@@ -164,3 +164,12 @@ def test_a_refused_flag_from_the_installed_command_is_one_line():
     )
     assert out.returncode == 2 and out.stderr.startswith("error: --gae_lambda is not read here") and not out.stdout
     assert "Traceback" not in out.stderr
+
+
+def test_compares_help_names_every_method():
+    from dataclasses import fields
+
+    from rlhf_toy.lm.pipeline.compare import METHODS, CompareConfig
+
+    help_text = next(f.metadata["help"] for f in fields(CompareConfig) if f.name == "methods")
+    assert all(m in help_text for m in METHODS) and set(ALGORITHMS) <= set(METHODS)

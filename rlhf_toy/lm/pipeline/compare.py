@@ -50,7 +50,7 @@ LARGEST_GROUP = max(a.default_group_size for a in ALGORITHMS.values())  # a batc
 @dataclass
 class CompareConfig:
     methods: str = option(
-        "Comma-separated methods: ppo, reinforce, reinforce_baseline, rloo, grpo, dpo.", ",".join(METHODS)
+        f"Comma-separated methods: {', '.join(METHODS)} (the online algorithms' table and DPO).", ",".join(METHODS)
     )
     seeds: str = option("Comma-separated seeds of the RL runs (the SFT and reward models are the run's).", "0,1,2")
     episodes: int = option("Sampled episodes per online run (steps = episodes / batch_size).", 6400)
