@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, NoReturn
 
+import torch
+
 from .distributed import is_main
 from .errors import UserError
 
@@ -100,7 +102,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     """A stage's figures as one JSON line (long lists and configs stay in the run directory's files); under
     torchrun rank 0 prints it."""
     if is_main():
-        print(json.dumps({k: v for k, v in summary.items() if k not in ("history", "samples", "config", "ppo")}))
+        shown = {k: v for k, v in summary.items() if k not in ("history", "samples", "config", "ppo")}
+        print(json.dumps({**shown, "threads": torch.get_num_threads()}))  # the numbers depend on it
 
 
 def one_line_error(prog: str, message: str) -> NoReturn:

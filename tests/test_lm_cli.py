@@ -210,3 +210,16 @@ def test_ppo_refuses_a_reward_model_with_another_tokenizer(run_copy, tmp_path, c
     out = copy_with_foreign_tokenizer(run_copy, tmp_path, "reward_model")
     assert run_cli(main, ["ppo", "--run_dir", str(out), "--progress", "False", "--steps", "1"]) == 2
     assert "does not match the reward model" in capsys.readouterr().err
+
+
+def test_one_thread_by_default_and_every_stage_line_says_its_threads(tmp_path, capsys):
+    """The default runs alike on a quiet or a busy machine (two processes that each spin two threads slow each
+    other 10-100x); the numbers depend on the thread count, so each stage's line says it."""
+    from rlhf_toy.lm.pipeline.run import RunConfig
+
+    assert RunConfig().threads == 1
+    capsys.readouterr()
+    assert run_cli(main, ["tokenizer", "--run_dir", str(tmp_path / "run"), "--progress", "False",
+                          "--vocab_size", "400", "--max_train_pairs", "500"]) == 0  # fmt: skip
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["stage"] == "tokenizer" and line["threads"] == 1

