@@ -1,16 +1,24 @@
-"""Test-wide settings: offline, one torch thread (two processes with two threads each slow down 10-100x here)."""
+"""Test-wide settings: offline, one torch thread (two processes with two threads each slow down 10-100x here).
+
+To check that no test depends on one machine's numerics, run the suite under other numerics:
+`RLHF_TOY_TEST_THREADS=2` (torch threads of the tests and of the stages they run) and
+`RLHF_TOY_TEST_DETERMINISTIC=1` (`torch.use_deterministic_algorithms`).
+"""
 
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+THREADS = int(os.environ.get("RLHF_TOY_TEST_THREADS", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import torch  # noqa: E402
 
-torch.set_num_threads(1)
+torch.set_num_threads(THREADS)
+if os.environ.get("RLHF_TOY_TEST_DETERMINISTIC"):
+    torch.use_deterministic_algorithms(True)
 
 import pytest  # noqa: E402
 

@@ -1,8 +1,11 @@
 """Shared by the language-model tests: the tiny settings of each stage, and running a stage through the CLI."""
 
+import os
+
 from rlhf_toy.errors import run_cli
 from rlhf_toy.lm.pipeline.cli import main
 
+THREADS = os.environ.get("RLHF_TOY_TEST_THREADS", "1")  # tests/conftest.py: the suite under other numerics
 TINY = {
     "tokenizer": ["--vocab_size", "400", "--max_train_pairs", "2000"],
     "sft": [
@@ -41,5 +44,6 @@ PPO_TINY = [
 def stage(name, run_dir, *extra):
     """Run one stage in-process through the CLI (exit status as `rlhf-toy` would return it)."""
     return run_cli(
-        main, [name, "--run_dir", str(run_dir), "--progress", "False", "--threads", "1", *TINY.get(name, []), *extra]
+        main,
+        [name, "--run_dir", str(run_dir), "--progress", "False", "--threads", THREADS, *TINY.get(name, []), *extra],
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import PPO_TINY, stage
+from tests.helpers import PPO_TINY, THREADS, stage
 
 pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
 
@@ -70,7 +70,7 @@ KILL_AT_STEP = textwrap.dedent("""
 
 def test_kill_between_policy_and_state_then_resume_equals_uninterrupted(run_dir, tmp_path):
     full, killed = copy_run(run_dir, tmp_path / "a"), copy_run(run_dir, tmp_path / "b")
-    args = ["--progress", "False", "--threads", "1", *PPO]
+    args = ["--progress", "False", "--threads", THREADS, *PPO]  # as stage() runs the uninterrupted one
     assert stage("ppo", full, *PPO, "--steps", "3") == 0  # the later --steps wins
     p = subprocess.run(
         [sys.executable, "-c", KILL_AT_STEP.format(step=2), "ppo", "--run_dir", str(killed), *args, "--steps", "3"],
