@@ -15,6 +15,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rlhf_toy.advantages import gae
+from rlhf_toy.config import non_default
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json, output_lock
 from rlhf_toy.logging import MetricLogger
@@ -59,9 +60,8 @@ UNREAD = {
 
 def check_reads(ppo: PPOConfig) -> None:
     """Refuse a `PPOConfig` that changes a setting CartPole does not read (`UNREAD`)."""
-    for name, why in UNREAD.items():
-        if getattr(ppo, name) != "token":
-            raise UserError(f"{name}={getattr(ppo, name)!r} means nothing here: {why}; leave it at 'token'")
+    for name in non_default(ppo, UNREAD):
+        raise UserError(f"{name}={getattr(ppo, name)!r} means nothing here: {UNREAD[name]}; leave it at 'token'")
 
 
 def train(cfg: TrainConfig, ppo: PPOConfig | None = None) -> dict[str, Any]:

@@ -139,7 +139,8 @@ def parse_configs(
     """Flags -> validated config dataclasses; every complaint becomes a one-line `UserError`. A flag of `unread`
     (a field this command does not read) is refused with its reason."""
     unread = unread or {}
-    for flag, name in flag_names(argv):
+    flags = flag_names(argv)
+    for flag, name in flags:
         if name in unread:
             raise UserError(f"{flag} is not read here: {unread[name]}; drop it (see {prog} --help)")
     from transformers import HfArgumentParser
@@ -156,7 +157,7 @@ def parse_configs(
     if defaults:
         parser.set_defaults(**defaults)
     known = {o for action in parser._actions for o in action.option_strings}
-    for flag, _ in flag_names(argv):
+    for flag, _ in flags:
         if flag not in known:
             raise UserError(f"unknown flag {flag}{did_you_mean(flag, known)}; see {prog} --help")
     try:

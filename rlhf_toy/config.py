@@ -55,6 +55,13 @@ def given(config: Any) -> frozenset[str]:
     return frozenset(f.name for f in fields(config) if f.init)
 
 
+def non_default(config: Any, names: Iterable[str]) -> list[str]:
+    """Those of `names` whose value in `config` differs from its dataclass field's default: what a consumer that
+    does not read them must refuse (`cartpole.train.check_reads`, `checkable.check_reads`)."""
+    defaults = {f.name: f.default for f in fields(config)}
+    return [name for name in names if getattr(config, name) != defaults[name]]
+
+
 SEED_LIMIT = 2**32  # numpy's and torch's generators both take seeds in [0, 2**32)
 
 

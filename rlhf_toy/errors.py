@@ -19,12 +19,11 @@ class UserError(ValueError):
 _SAID: set[str] = set()
 
 
-def note_once(text: str, key: str | None = None) -> None:
-    """`note: {text}` on stderr, once per process for each `key` (default: the text; rank 0 under torchrun): what a
-    run does differently from what was asked, or from its fast path, said instead of done silently."""
-    key = text if key is None else key
-    if key not in _SAID:
-        _SAID.add(key)
+def note_once(text: str) -> None:
+    """`note: {text}` on stderr, once per process (rank 0 under torchrun): what a run does differently from what
+    was asked, or from its fast path, said instead of done silently."""
+    if text not in _SAID:
+        _SAID.add(text)
         if os.environ.get("RANK", "0") == "0":
             print(f"note: {text}", file=sys.stderr)
 

@@ -35,7 +35,6 @@ def test_an_ensemble_member_list_that_names_a_path_is_refused(tmp_path, members)
 def test_note_once_says_a_thing_once(capsys):
     note_once("a fallback happened (test)")
     note_once("a fallback happened (test)")
-    note_once("other words, same key (test)", key="a fallback happened (test)")
     assert capsys.readouterr().err == "note: a fallback happened (test)\n"
 
 

@@ -184,11 +184,12 @@ class OnlineAlgorithm:
         (fields of either config). The one place a record becomes settings: the commands, `compare`, the
         benchmarks and `RLHFTrainer(algorithm=...)` all go through it. A setting it does not read, or no setting
         at all, is a `UserError` naming it."""
+        unread = self.unread
         for name in overrides:
             if name not in RL_FIELDS | PPO_FIELDS:
                 raise UserError(f"{name!r} is not a setting of the online algorithms (RLHFConfig or PPOConfig)")
-            if name in self.unread:
-                raise UserError(f"{self.name} does not read {name}: {self.unread[name]}; leave it out")
+            if name in unread:
+                raise UserError(f"{self.name} does not read {name}: {unread[name]}; leave it out")
         rl = {k: v for k, v in overrides.items() if k in RL_FIELDS}
         ppo = {k: v for k, v in overrides.items() if k in PPO_FIELDS}
         rl_cfg = RLHFConfig(**{"group_size": self.default_group_size, **self.rollout, **rl})

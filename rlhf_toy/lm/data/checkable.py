@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from typing import Any
 
+from rlhf_toy.config import non_default
 from rlhf_toy.errors import UserError
 
 ANSWER = re.compile(r"Answer:\s*(.+?)\s*$", re.S)  # the text after the last "Answer:" (see `final_answer`)
@@ -258,14 +259,12 @@ def get_checkable(name: str) -> CheckableTask:
 
 def check_reads(task: CheckableTask, s: CheckableSettings) -> None:
     """Refuse a setting the task does not read, set away from its default (`--digits` for countdown, say)."""
-    default = CheckableSettings()
-    for f in fields(CheckableSettings):
-        name = f.name
-        if name not in task.reads + COMMON_SETTINGS and getattr(s, name) != getattr(default, name):
-            readers = [t.name for t in CHECKABLE_TASKS.values() if name in t.reads]
-            raise UserError(
-                f"--{name} is not read by the {task.name} task (only by {', '.join(readers) or 'no task'}); drop it"
-            )
+    unread = [f.name for f in fields(CheckableSettings) if f.name not in task.reads + COMMON_SETTINGS]
+    for name in non_default(s, unread):
+        readers = [t.name for t in CHECKABLE_TASKS.values() if name in t.reads]
+        raise UserError(
+            f"--{name} is not read by the {task.name} task (only by {', '.join(readers) or 'no task'}); drop it"
+        )
 
 
 @functools.lru_cache(maxsize=4)  # every stage of a run (and a compare's many) draws the same set: draw it once

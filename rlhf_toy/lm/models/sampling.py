@@ -183,6 +183,12 @@ def sample(
     """
     chunks = []
     device = model_device(model)
+    drives = lean and lean_decoding(model) is not None  # decided once for the model, not per chunk
+    if lean and not drives:  # said, not done silently: generate is slower
+        note_once(
+            f"{type(model).__name__} is not a model the lean decoding loop can drive; sampling with "
+            "transformers' generate instead (the same tokens, slower)"
+        )
     saved_eos = model.generation_config.eos_token_id
     if not stop_at_eos:
         model.generation_config.eos_token_id = None  # generate() would otherwise fall back to it and stop
@@ -193,12 +199,7 @@ def sample(
             ids, mask = ids.to(device), mask.to(device)
             eos = tok.eos_token_id if stop_at_eos else None
             hidden = None
-            if lean and lean_decoding(model) is None:  # said, not done silently: generate is slower
-                note_once(
-                    f"{type(model).__name__} is not a model the lean decoding loop can drive; sampling with "
-                    "transformers' generate instead (the same tokens, slower)"
-                )
-            if lean and lean_decoding(model) is not None:
+            if drives:
                 response, raw, hidden = decode(
                     model, ids, mask, max_new_tokens, temperature, greedy, eos, tok.pad_token_id, with_hidden
                 )

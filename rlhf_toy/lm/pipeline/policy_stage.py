@@ -270,15 +270,15 @@ def stage_policy(
         policy.start(device)
         t0 = time.perf_counter()
         trainer = policy.trainer
-        shown = run.progress and is_main()
-        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc=algorithm, disable=not shown, leave=False)
+        visible = run.progress and is_main()
+        bar = tqdm(total=cfg.steps, initial=trainer.step_count, desc=algorithm, disable=not visible, leave=False)
         try:
             while trainer.step_count < cfg.steps and not trainer.stopped_by_kl_limit:
                 m = policy.step()
                 bar.update(1)
                 gold = {"gold": f"{m['objective/gold']:.2f}"} if "objective/gold" in m else {}  # none: no judge
-                shown_m = {"score": f"{m['objective/score']:.2f}", **gold, "kl": f"{m['objective/kl']:.2f}"}
-                bar.set_postfix(shown_m, refresh=False)
+                postfix = {"score": f"{m['objective/score']:.2f}", **gold, "kl": f"{m['objective/kl']:.2f}"}
+                bar.set_postfix(postfix, refresh=False)
                 if trainer.step_count == 1 or (where.report_every and trainer.step_count % where.report_every == 0):
                     policy.report()
                 if cfg.save_every and trainer.step_count % cfg.save_every == 0:
