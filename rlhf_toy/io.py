@@ -41,11 +41,20 @@ def disk_nearly_full(folder: Path, margin: int = 1 << 20) -> bool:
     return st.f_bavail * st.f_frsize < margin
 
 
+def is_write_failure(exc: BaseException, path: Path) -> bool:
+    """Whether an exception from a writer is the disk refusing bytes: torch's zip writer says `RuntimeError` ("file
+    write failed", "iostream error", "unexpected pos"), safetensors `SafetensorError` ("IoError ... StorageFull"),
+    neither an `OSError`."""
+    text = str(exc).lower()
+    if type(exc).__name__ == "SafetensorError":
+        return disk_nearly_full(path.parent) or any(w in text for w in ("ioerror", "space", "storagefull", "write"))
+    return isinstance(exc, RuntimeError) and (disk_nearly_full(path.parent) or "write" in text)
+
+
 def raise_write_failure(exc: BaseException, path: Path) -> None:
-    """torch's zip writer reports a full disk as `RuntimeError` ("file write failed", "iostream error", "unexpected
-    pos"), not `OSError`: name it as one line. The temporary is already gone and the previous version of `path` is
-    untouched."""
-    if isinstance(exc, RuntimeError) and (disk_nearly_full(path.parent) or "write" in str(exc).lower()):
+    """A full disk, whichever library's words report it, as one line. The temporary is already gone and the
+    previous version of `path` is untouched."""
+    if is_write_failure(exc, path):
         first = first_line(exc)
         raise UserError(
             f"cannot write {path} ({first}); is the disk full? Free space and run again: the previous version is kept"
@@ -81,6 +90,18 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def read_json(path: str | os.PathLike[str], fix: str = "delete it and re-run the command that wrote it") -> Any:
+    """A JSON file a command wrote, or one `UserError` naming it and `fix` when a hand or a crash damaged it
+    (not JSON, not UTF-8, or not an object)."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+        raise UserError(f"{path} is not readable JSON ({type(exc).__name__}: {first_line(exc, 80)}); {fix}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} holds a {type(obj).__name__}, not a JSON object; {fix}")
+    return obj
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
@@ -166,6 +187,61 @@ def sweep_temporaries(folder: str | os.PathLike[str]) -> list[str]:
 
 HELD: set[Path] = set()  # the folders whose output lock this process holds
 
+# The kinds of folder the commands write, each told by files only it holds (the first kind that matches wins):
+# a command refuses to write its kind of output over another kind's.
+KIND_FILES = (
+    ("model", ("config.json", "ensemble.json")),  # a Hugging Face model (SFT, reward, policy) or a reward ensemble
+    ("CartPole run", ("final.pt", "best.pt", "seed_0")),
+    ("policy run", ("checkpoint", "policy", "adapter", "ppo.json")),
+    ("run", ("tokenizer", "sft", "preferences", "base_model", "sft.json")),
+)
+
+
+def folder_kind(folder: str | os.PathLike[str]) -> str | None:
+    """What an existing output folder holds (`KIND_FILES`; a `summary.json` naming an environment or an algorithm
+    also tells), or None: empty, new, or not written by a command of this project."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for kind, names in KIND_FILES:
+        if any((folder / n).exists() for n in names):
+            return kind
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(summary, dict) and "env_id" in summary:
+        return "CartPole run"
+    if isinstance(summary, dict) and ("algorithm" in summary or summary.get("stage") == "policy"):
+        return "policy run"
+    return None
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what a `mkdir(parents=True)`
+    creates, and so what a refused command removes again."""
+    missing = []
+    for p in (folder, *folder.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def remove_if_empty(folders: list[Path], ignore: tuple[str, ...] = ()) -> None:
+    """Remove each folder (deepest first) that holds nothing but `ignore`d names."""
+    for f in folders:
+        try:
+            for name in ignore:
+                entry = f / name
+                if entry.is_dir():
+                    entry.rmdir()  # only if empty: a live reader's file keeps it
+                else:
+                    entry.unlink(missing_ok=True)
+            f.rmdir()
+        except OSError:
+            return
+
 
 @contextmanager
 def output_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[Path]:
@@ -175,7 +251,12 @@ def output_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[P
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{folder} is a file, not a directory; pass a directory path for the {what}")
-    created = not folder.exists()  # a refused or failed command must not leave an empty folder behind
+    held = folder_kind(folder)
+    if held is not None and held != what:
+        raise UserError(
+            f"{folder} holds a {held}, not a {what}; pass another directory for the {what} (or delete that one)"
+        )
+    created = missing_folders(folder)  # a refused or failed command must not leave empty folders behind
     folder.mkdir(parents=True, exist_ok=True)
     owner = folder / ".lock.owner"
     lock = FileLock(str(folder / ".lock"), timeout=0)
@@ -197,9 +278,8 @@ def output_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[P
         HELD.discard(folder.resolve())
         owner.unlink(missing_ok=True)
         lock.release()
-        if failed and created and {p.name for p in folder.iterdir()} <= {".lock"}:
-            (folder / ".lock").unlink(missing_ok=True)
-            folder.rmdir()
+        if failed and created:
+            remove_if_empty(created, ignore=(".lock",))
 
 
 def _held_elsewhere(lock_file: Path) -> bool:
@@ -226,15 +306,29 @@ def reader_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[N
         holder = owner.read_text().strip() if owner.is_file() else "another process"
         raise UserError(f"{folder} is being written by {holder}; wait for it to finish before reading the {what}")
     readers = folder / ".readers"
-    readers.mkdir(parents=True, exist_ok=True)
+    created = missing_folders(folder)
     path = readers / f"{socket.gethostname()}-{os.getpid()}-{time.monotonic_ns()}.lock"
     lock = FileLock(str(path), timeout=0)
-    lock.acquire()
+    for attempt in range(5):  # another reader leaving may remove `.readers` between our mkdir and our lock file
+        readers.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire()
+            break
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
         lock.release()
         path.unlink(missing_ok=True)
+        remove_if_empty([readers])  # another reader's file keeps it
+        if failed and created:  # a refused command on a new --run_dir leaves nothing behind
+            remove_if_empty(created, ignore=(".lock",))
 
 
 def check_no_readers(folder: str | os.PathLike[str]) -> None:

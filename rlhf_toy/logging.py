@@ -137,10 +137,17 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def read_jsonl(path: str | os.PathLike[str], partial_last_line_ok: bool = False) -> list[dict[str, Any]]:
+def read_jsonl(
+    path: str | os.PathLike[str], partial_last_line_ok: bool = False, steps: bool = False
+) -> list[dict[str, Any]]:
     """The rows of a JSONL file. A line that is not a JSON object is a one-line `UserError`, except (with
-    `partial_last_line_ok`) an unterminated last line: what a writer killed mid-line leaves."""
-    text = Path(path).read_text()
+    `partial_last_line_ok`) an unterminated last line: what a writer killed mid-line leaves. `steps`: a step log,
+    whose rows' `step` must be an integer where present."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = Path(path).read_bytes()[: exc.start].count(b"\n") + 1
+        raise UserError(f"{path} is not UTF-8 text (line {line}); fix or delete that line") from None
     lines = text.split("\n")
     rows = []
     for i, line in enumerate(lines, 1):
@@ -156,6 +163,9 @@ def read_jsonl(path: str | os.PathLike[str], partial_last_line_ok: bool = False)
             raise UserError(
                 f"{path}, line {i}, is not a JSON object ({line[:60]!r}); fix or delete that line"
             ) from None
+        step = row.get("step", 0)
+        if steps and (isinstance(step, bool) or not isinstance(step, int)):
+            raise UserError(f"{path}, line {i}: 'step' is {step!r}, not an integer; fix or delete that line")
         rows.append(row)
     return rows
 

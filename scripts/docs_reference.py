@@ -2,7 +2,7 @@
 """Generate the docs' reference pages from the code: every command's flags (from its config dataclasses and its
 preset defaults), every preset's full values, the table of online algorithms and the table of remedies.
 
-    python scripts/docs_reference.py           # write docs/reference/{commands,presets,algorithms,remedies}.md
+    python scripts/docs_reference.py           # write docs/reference/{commands,presets,algorithms,remedies,alarms}.md
     python scripts/docs_reference.py --check   # exit 1 if a page is out of date (tests/test_docs.py runs it)
 """
 
@@ -22,6 +22,7 @@ from rlhf_toy.cli import Command, Group
 from rlhf_toy.lm.algorithms import online
 from rlhf_toy.lm.pipeline import recipes, remedies
 from rlhf_toy.lm.pipeline.cli import COMMANDS as RLHF_COMMANDS
+from rlhf_toy.report import alarms
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "reference"
@@ -206,7 +207,31 @@ def remedies_page() -> str:
     ])  # fmt: skip
 
 
+def alarms_page() -> str:
+    parts = [
+        "# Alarms\n",
+        GENERATED,
+        "Every alarm of the run report, from the one table that holds them (`rlhf_toy.report.alarms.ALARMS`): the "
+        "page `report.html` shows the same texts, embedded. The report lists what fired by the step it first "
+        "fired, and marks the earliest alarm as the likely cause: a broken run's later alarms are most often its "
+        "consequences. A *note* is worth knowing and is no fault. Where a text depends on what the run optimized "
+        "(a reward model, an ensemble, a reward program, a reward model trained on your own labels), each "
+        "wording is given. How to read a run: [Reading a run](../explanations/reading-a-run.md).\n",
+    ]
+    for a in alarms.ALARMS:
+        parts.append(f"## {a.title} {{#{a.name}}}\n")
+        parts.append(f"*{a.severity}* (`{a.name}`). {a.explanation}\n")
+        if a.more:
+            parts.append(a.more + "\n")
+        for kind, (title, text) in a.by_kind.items():
+            parts.append(f"- With a reward of kind **{kind}**: *{title}.* {text}")
+        if a.by_kind:
+            parts.append("")
+    return "\n".join(parts)
+
+
 PAGES = {
+    "alarms.md": alarms_page,
     "commands.md": commands_page,
     "presets.md": presets_page,
     "algorithms.md": algorithms_page,

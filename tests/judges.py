@@ -16,3 +16,8 @@ def broken(text):
 def constant(text):
     """A gold judge that likes nothing better than anything else."""
     return 0.0
+
+
+def right(text):
+    """A checker that marks every reply right (1.0): every group is all right."""
+    return 1.0

@@ -4,6 +4,7 @@ page in headless Chromium (no console error, the alarms shown), trackers, the co
 import json
 import math
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -64,6 +65,63 @@ def test_a_calm_run_raises_nothing():
 def test_each_alarm_fires_on_its_curve_and_only_then(alarm, change):
     assert alarm in names(rows_of(**{**CALM, **change}))
     assert alarm not in names(rows_of(**CALM))
+
+
+@pytest.mark.parametrize(
+    "alarm, change",
+    [
+        ("runaway-kl", {"objective__kl": lambda t: 2.0 if t < 40 else 5.0 * (t - 38)}),
+        ("solved-groups", {"sampling__equal_groups": lambda t: 0.9, "sampling__solved_groups": lambda t: 0.85}),
+    ],
+)
+def test_the_new_alarms_fire_on_their_curves(alarm, change):
+    assert alarm in names(rows_of(**{**CALM, **change}))
+    assert alarm not in names(rows_of(**CALM))
+
+
+def test_equal_groups_that_are_all_right_are_a_note_and_all_wrong_an_alarm():
+    solved = {"sampling__equal_groups": lambda t: 0.9, "sampling__solved_groups": lambda t: 0.88,
+              "sampling__failed_groups": lambda t: 0.0}  # fmt: skip
+    found = raised(rows_of(**{**CALM, **solved}))
+    assert [(a.name, a.severity) for a in found] == [("solved-groups", "note")]
+    assert not any(a.cause for a in found)  # a note is never the cause
+    failed = {"sampling__equal_groups": lambda t: 0.9, "sampling__solved_groups": lambda t: 0.0,
+              "sampling__failed_groups": lambda t: 0.88}  # fmt: skip
+    [alarm] = raised(rows_of(**{**CALM, **failed}))
+    assert alarm.name == "equal-groups" and "all wrong by the gold checker" in alarm.detail
+
+
+def test_alarms_are_ordered_by_the_step_they_fired_and_the_first_is_the_cause():
+    broken = {
+        "ppo__clip_fraction": lambda t: 0.7 if t == 3 else 0.02,  # the update that broke it
+        "policy__distinct_2": lambda t: 0.3 if t < 40 else 0.05,  # what followed
+        "objective__kl": lambda t: 1.0 if t < 20 else 20.0 * (t - 18),
+    }
+    found = raised(rows_of(**{**CALM, **broken}))
+    assert [a.name for a in found][:1] == ["update-spike"] and found[0].cause and found[0].step == 4
+    assert {"runaway-kl", "repetition"} <= {a.name for a in found}
+    assert [a.step for a in found] == sorted(a.step for a in found)
+    assert sum(a.cause for a in found) == 1
+
+
+def test_the_overoptimization_alarm_quotes_golds_peak_from_the_start():
+    """A run that breaks at once: gold starts near +0.4 and falls; the alarm quotes the start's peak."""
+    early = {"objective__gold": lambda t: 0.4 if t < 2 else -0.7, "objective__score": lambda t: 0.1 * t}
+    [a] = [a for a in raised(rows_of(**{**CALM, **early})) if a.name == "overoptimization"]
+    assert re.match(r"gold peaked at 0\.(39|40|41)\d \(step [12]\) and fell by 0\.", a.detail), a.detail
+
+
+def test_alarm_texts_follow_the_kind_of_reward():
+    rows = rows_of(**{**CALM, "objective__gold": lambda t: min(0.8, t / 35) if t < 50 else 0.8 - 0.03 * (t - 50),
+                      "objective__score": lambda t: t / 30})  # fmt: skip
+    titles = {}
+    for kind in (None, "reward model", "ensemble", "program", "labels"):
+        [a] = [a for a in raised(rows, kind) if a.name == "overoptimization"]
+        titles[kind] = (a.title, a.explanation)
+    assert titles[None] == titles["reward model"] and "Goodhart" in titles[None][1]
+    assert titles["labels"][0] == "The gold judge disagrees with your reward"
+    assert "reward model" not in titles["program"][1] and "program" in titles["program"][1]
+    assert len({t for t in titles.values()}) == 4
 
 
 def test_length_exploitation_accounts_for_the_length_limit():
@@ -127,7 +185,7 @@ def test_the_recorded_default_toy_run_raises_no_alarm():
 
 
 def test_every_alarm_has_an_explanation_section():
-    page = (Path(__file__).parents[1] / "docs/explanations/reading-a-run.md").read_text()
+    page = (Path(__file__).parents[1] / "docs/reference/alarms.md").read_text()
     for a in ALARMS:
         assert f'id="{a.name}"' in page or f"{{#{a.name}}}" in page, a.name
 
@@ -167,18 +225,29 @@ def alarm_runs(run_dir, tmp_path_factory):
     }
     for name, flags in runs.items():
         assert stage("ppo", run, *fast, *flags, "--policy_dir", name) == 0, name
-    grpo = ["--steps", "6", "--reward_fn", "tests.reward_fns:constant", "--policy_dir", "equal"]
-    assert stage("grpo", run, *fast, *grpo) == 0
+    grpo = ["--steps", "6", "--reward_fn", "tests.reward_fns:constant"]
+    assert stage("grpo", run, *fast, *grpo, "--policy_dir", "equal") == 0
+    # the same groups judged by a checker: all right (a note), all wrong (an alarm)
+    assert stage("grpo", run, *fast, *grpo, "--judge", "tests.judges:right", "--policy_dir", "solved") == 0
+    assert stage("grpo", run, *fast, *grpo, "--judge", "tests.judges:constant", "--policy_dir", "failed") == 0
+    broken = ["--steps", "20", "--learning_rate", "1e-2", "--kl_coef", "0", "--judge", "tests.judges:length"]
+    assert stage("ppo", run, *fast, *broken, "--policy_dir", "broken") == 0
     return run
 
 
 @pytest.mark.integration
 def test_real_runs_built_to_trigger_alarms_raise_them(alarm_runs):
-    found = {d: names(RunRecord.load(alarm_runs / d).rows) for d in ("standard", "collapse", "length", "equal")}
+    runs = ("standard", "collapse", "length", "equal", "solved", "failed", "broken")
+    found = {d: names(RunRecord.load(alarm_runs / d).rows) for d in runs}
     assert found["standard"] <= {"truncation"}  # the tiny model's 64-token context cuts 30-40% of its replies
     assert {"entropy-collapse", "update-spike", "repetition"} <= found["collapse"]
     assert "length-exploitation" in found["length"]
     assert "equal-groups" in found["equal"]
+    assert "solved-groups" in found["solved"] and "equal-groups" not in found["solved"]
+    assert "equal-groups" in found["failed"] and "solved-groups" not in found["failed"]
+    first = raised(RunRecord.load(alarm_runs / "broken").rows)
+    assert "runaway-kl" in {a.name for a in first}
+    assert first[0].cause and first[0].name == "update-spike", [(a.name, a.step) for a in first]
     for d in found:  # the report was written while training, with sampled replies by step
         assert (alarm_runs / d / "report.html").is_file()
     samples = RunRecord.load(alarm_runs / "standard").samples
@@ -215,7 +284,7 @@ def test_several_runs_overlay_and_a_run_directory_collects_its_runs(alarm_runs, 
     path = write_report([alarm_runs])  # the run directory: every policy run in it, overlaid
     page = browser.new_page()
     page.goto(path.as_uri())
-    assert page.eval_on_selector_all(".calm, .alarm", "els => new Set(els.map(e => e.dataset.run)).size") == 4
+    assert page.eval_on_selector_all(".calm, .alarm", "els => new Set(els.map(e => e.dataset.run)).size") == 7
     legend = page.text_content(".chart")
     assert "standard:" in legend and "collapse:" in legend
 

@@ -1,17 +1,21 @@
 """Alarms: what a bad run looks like, found in its logged rows (one dict per step, CleanRL/TRL key names).
 
-Each alarm is one record of `ALARMS`: a name (the anchor of its section in docs/explanations/reading-a-run.md), a
-title, a plain explanation, and a detector over the run's rows. Detectors compare trailing moving averages over a
-window of `window(n)` steps (5% of the run, at least 5) with the run's own start, so a noisy step does not fire
-one; they return the first step at which the alarm holds, with the figures that made it fire. A metric that the
-run did not log (CartPole has no gold, PPO has no groups) raises nothing.
+Each alarm is one record of `ALARMS`: a name (its anchor in docs/reference/alarms.md, generated from this table), a
+title and a plain explanation (some worded by the kind of reward the run optimized: a reward model, an ensemble, a
+program, a reward model trained on a user's own labels), a longer text (`more`, shown in the page itself), its
+severity (an alarm, or a note: something to know that is not a fault), and a detector over the run's rows.
+Detectors compare trailing moving averages over a window of `window(n)` steps (5% of the run, at least 5) with the
+run's own start, so a noisy step does not fire one; they return the first step at which the alarm holds, with the
+figures that made it fire. A metric that the run did not log (CartPole has no gold, PPO has no groups) raises
+nothing. `raised` lists what fired by the step it first fired: the earliest alarm is marked as the likely cause,
+since a broken run's later alarms are most often its consequences.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +30,15 @@ APPROX_KL = ("ppo/approx_kl", "losses/approx_kl")
 VALUE_LOSS = ("ppo/value_loss", "losses/value_loss")
 # NaN there means "not applicable", not a broken run: no clipping configured; returns that do not vary (every
 # reply of the batch scored the same: the equal-groups alarm's business).
-NOT_APPLICABLE_NAN = ("ppo/clip_range", "losses/clip_range", "ppo/explained_variance", "losses/explained_variance")
+# distinct-2 of replies that have no word pairs at all is undefined, not zero.
+NOT_APPLICABLE_NAN = (
+    "ppo/clip_range",
+    "losses/clip_range",
+    "ppo/explained_variance",
+    "losses/explained_variance",
+    "policy/distinct_2",
+)
+REWARD_KINDS = ("reward model", "ensemble", "program", "labels")  # what a policy run optimized (settings.json)
 
 
 @dataclass(frozen=True)
@@ -37,23 +49,34 @@ class Finding:
 
 @dataclass(frozen=True)
 class Alarm:
-    """One kind of trouble: `detect(rows)` is the first step where it shows, or None."""
+    """One kind of trouble: `detect(rows)` is the first step where it shows, or None. `by_kind` words the title and
+    explanation for a kind of reward (`REWARD_KINDS`) where the default's words would blame the wrong thing."""
 
     name: str
     title: str
     explanation: str
     detect: Callable[[Rows], Finding | None]
+    more: str = ""
+    severity: str = "alarm"  # or "note": worth knowing, not a fault (a healthy run may raise one)
+    by_kind: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def words(self, kind: str | None) -> tuple[str, str]:
+        """(title, explanation) for a run whose reward is of `kind`."""
+        return self.by_kind.get(kind or "", (self.title, self.explanation))
 
 
 @dataclass(frozen=True)
 class Raised:
-    """An alarm that fired on a run."""
+    """An alarm that fired on a run; `cause`: the earliest alarm of the run (the likely cause of the rest)."""
 
     name: str
     title: str
     explanation: str
     step: int
     detail: str
+    more: str = ""
+    severity: str = "alarm"
+    cause: bool = False
 
 
 def window(n: int) -> int:
@@ -85,10 +108,16 @@ def first(mask: np.ndarray, start: int) -> int | None:
     return start + int(hits[0]) if len(hits) else None
 
 
-def below_start(keys: Sequence[str], fraction: float, what: str) -> Callable[[Rows], Finding | None]:
-    """Fires when the moving average falls below `fraction` of its first window's mean (a positive curve)."""
+def below_start(
+    keys: Sequence[str], fraction: float, what: str, undefined_as: float | None = None
+) -> Callable[[Rows], Finding | None]:
+    """Fires when the moving average falls below `fraction` of its first window's mean (a positive curve).
+    `undefined_as`: the value a NaN of the curve counts as (None: such steps are left out)."""
 
     def detect(rows: Rows) -> Finding | None:
+        if undefined_as is not None:
+            # logged as null (the logger writes NaN so) or NaN (NaN != NaN): undefined at that step
+            rows = [{**r, **{k: undefined_as for k in keys if k in r and (r[k] is None or r[k] != r[k])}} for r in rows]
         s = series(rows, keys)
         if s is None or len(s[1]) < 2 * window(len(rows)):
             return None
@@ -131,27 +160,76 @@ def crossing(
 
 def overoptimization(rows: Rows) -> Finding | None:
     """Gold's moving average has fallen clearly below its peak while the proxy's is above where it stood at gold's
-    peak. Clearly: by 3 noise standard errors of a window's mean and by a fifth of gold's rise from the start to its
-    peak, so that a plateau's wobble does not fire it."""
+    peak. The peak counts from the first step (a run that breaks at once peaks at its start); clearly: by 3 noise
+    standard errors of the peak's mean and by a fifth of gold's rise from the start to its peak, so that a plateau's
+    wobble does not fire it. The detail quotes the peak, where it was, and the fall."""
     gold, proxy = series(rows, "objective/gold"), series(rows, "objective/score")
     if gold is None or proxy is None or len(gold[1]) != len(proxy[1]):
         return None
     steps, g = gold
     w = window(len(rows))
     gm, pm = moving_average(g, w), moving_average(proxy[1], w)
-    se = 3 * noise(g) / math.sqrt(w)
-    peak = w - 1
-    for t in range(w - 1, len(gm)):
+    sigma = noise(g)
+    peak = 0
+    for t in range(len(gm)):
         if gm[t] > gm[peak]:
             peak = t
-        margin = max(se, 0.2 * (gm[peak] - gm[w - 1]))
+        if t < w - 1:  # the window fills before anything fires
+            continue
+        margin = max(3 * sigma / math.sqrt(min(peak + 1, w)), 0.2 * (gm[peak] - gm[0]))
         if gm[t] < gm[peak] - margin and pm[t] > pm[peak]:
             return Finding(
                 int(steps[t]),
-                f"gold's moving average fell from {gm[peak]:.3f} (step {steps[peak]}) to {gm[t]:.3f} while the "
-                f"reward model's rose from {pm[peak]:.3f} to {pm[t]:.3f}",
+                f"gold peaked at {gm[peak]:.3f} (step {steps[peak]}) and fell by {gm[peak] - gm[t]:.3f} to "
+                f"{gm[t]:.3f}, while the reward rose from {pm[peak]:.3f} to {pm[t]:.3f}",
             )
     return None
+
+
+def runaway_kl(rows: Rows) -> Finding | None:
+    """The KL to the reference past `RUNAWAY_KL_PER_TOKEN` nats per reply token and `RUNAWAY_KL` per reply (moving
+    averages): no longer the model it started from. A healthy run of this project's presets stays under 1.2 nats
+    per token (the over-optimization preset, beta 0.003, peaks near 1)."""
+    kl, length = series(rows, "objective/kl"), series(rows, "policy/response_length")
+    if kl is None:
+        return None
+    steps, v = kl
+    w = window(len(rows))
+    km = moving_average(v, w)
+    tokens = moving_average(length[1], w) if length is not None and len(length[1]) == len(v) else np.ones_like(km)
+    per_token = km / np.maximum(tokens, 1.0)
+    i = first((km > RUNAWAY_KL) & (per_token > RUNAWAY_KL_PER_TOKEN), w - 1)
+    if i is None:
+        return None
+    return Finding(
+        int(steps[i]),
+        f"KL's moving average reached {km[i]:.3g} nats per reply ({per_token[i]:.2g} per token; it started at "
+        f"{km[0]:.3g}) and peaked at {km.max():.3g}",
+    )
+
+
+RUNAWAY_KL, RUNAWAY_KL_PER_TOKEN = 30.0, 2.0
+
+
+def unsolved_equal_groups(rows: Rows) -> Finding | None:
+    """More than half the groups equal for a reason other than being all right: all wrong by the gold checker
+    (`sampling/failed_groups`), or equal with no checker to tell."""
+    eq, solved = series(rows, "sampling/equal_groups"), series(rows, "sampling/solved_groups")
+    if eq is None:
+        return None
+    steps, v = eq
+    if solved is not None and len(solved[1]) == len(v):
+        v = np.clip(v - solved[1], 0.0, 1.0)
+    w = window(len(rows))
+    ma = moving_average(v, w)
+    i = first(ma > 0.5, w - 1)
+    if i is None:
+        return None
+    failed = series(rows, "sampling/failed_groups")
+    said = f"{ma[i]:.0%} of the groups had equal rewards and were not all right"
+    if failed is not None and len(failed[1]) == len(v):
+        said += f" ({moving_average(failed[1], w)[i]:.0%} all wrong by the gold checker)"
+    return Finding(int(steps[i]), said)
 
 
 def length_exploitation(rows: Rows) -> Finding | None:
@@ -230,6 +308,11 @@ def _no_update(row: dict[str, Any], key: str) -> bool:
     return ns in ("ppo", "losses") and row.get(f"{ns}/gradient_steps") == 0
 
 
+GOODHART = (
+    "The policy has found what the reward model scores highly but the gold judge does not: Goodhart's law. "
+    "Stop at gold's peak, raise beta, or use a remedy (an ensemble, WARM)."
+)
+
 ALARMS: tuple[Alarm, ...] = (
     Alarm(
         "non-finite",
@@ -237,6 +320,10 @@ ALARMS: tuple[Alarm, ...] = (
         "A logged figure is not a number: something overflowed or divided by zero. The trainer refuses to step on "
         "a non-finite loss, so look at the reward's scale and the learning rate.",
         non_finite,
+        more="The trainer already refuses to step on a non-finite loss or gradient, so in this project's own runs "
+        "this shows up only in logs written by other code. NaN where it means 'not applicable' does not count: no "
+        "clip range configured, an explained variance over returns that did not vary, distinct-2 of replies "
+        "without word pairs.",
     ),
     Alarm(
         "negative-kl",
@@ -246,6 +333,20 @@ ALARMS: tuple[Alarm, ...] = (
         "top-k/top-p that the log-probs ignore, padding counted as reply, or a reference that is not the model "
         "training started from.",
         crossing("objective/kl", lambda m: m < -0.01, lambda x: f"the KL estimate's moving average is {x:.3g} nats"),
+        more="Its mean over replies drawn from the policy is the KL and cannot stay below zero; a moving average "
+        "below -0.01 nats fires it (trl issues 925 and 1161). This project's sampler and estimate share one "
+        "temperature and mask, and --resume checks the reference's identity, so it is tested on hand-built logs.",
+    ),
+    Alarm(
+        "runaway-kl",
+        "The KL to the reference ran away",
+        "The policy moved more than 2 nats per reply token (and 30 per reply) from the model it started from: it "
+        "is no longer that model, and its replies are most likely degenerate whatever the reward says. The KL "
+        "penalty is not holding it: raise beta (--kl_coef), lower the learning rate, or set --kl_limit.",
+        runaway_kl,
+        more="A healthy run of this project's presets stays under about 1 nat per token (the default PPO run near "
+        "0.15, the over-optimization preset with beta 0.003 near 1). Triggered in the tests by a learning rate "
+        "of 1e-2 without a KL penalty, where KL reaches hundreds of nats.",
     ),
     Alarm(
         "entropy-collapse",
@@ -254,13 +355,39 @@ ALARMS: tuple[Alarm, ...] = (
         "replies (or actions) become the same. Lower the learning rate, raise the KL penalty, or add an entropy "
         "bonus.",
         below_start(ENTROPY, 0.25, "entropy's moving average"),
+        more="The entropy's moving average fell below a quarter of its start (trl issue 5584). Lower the learning "
+        "rate, raise beta, or add an entropy bonus (--ent_coef). Triggered in the tests by a learning rate of 2e-2 "
+        "without a KL penalty.",
     ),
     Alarm(
         "overoptimization",
-        "The reward model rises while gold falls (over-optimization)",
-        "The policy has found what the reward model scores highly but the gold judge does not: Goodhart's law. "
-        "Stop at gold's peak, raise beta, or use a remedy (an ensemble, WARM).",
+        "The reward rises while gold falls (over-optimization)",
+        GOODHART,
         overoptimization,
+        more="Gold's moving average fell clearly below its peak (by three noise standard errors of the peak's mean, "
+        "and by a fifth of its rise from the start) while the reward's stood above its value at gold's peak "
+        "(Gao et al. 2023). Stop at the peak, raise beta, or try a remedy of the reward-hacking lab "
+        "(rlhf-toy remedies).",
+        by_kind={
+            "ensemble": (
+                "The ensemble's reward rises while gold falls (over-optimization)",
+                "The policy has found what the reward models' combined objective scores highly and the gold judge "
+                "does not: a flaw the members share. Stop at gold's peak, raise beta or --uncertainty_coef, or "
+                "train more diverse members (--bootstrap).",
+            ),
+            "program": (
+                "Your reward program rises while gold falls",
+                "The policy found a way to score on your reward program that the gold judge does not count: a "
+                "loophole in the program, or the program and the judge measure different things. Read the "
+                "sampled replies, then tighten the program or add a term for what the judge wants.",
+            ),
+            "labels": (
+                "The gold judge disagrees with your reward",
+                "Your reward (a reward model trained on your own labels) rises while the gold judge's score falls. "
+                "That is a difference of taste, not necessarily over-optimization: the judge is not you. Read the "
+                "sampled replies; only if they got worse by your own standard, stop earlier or raise beta.",
+            ),
+        },
     ),
     Alarm(
         "length-exploitation",
@@ -268,14 +395,48 @@ ALARMS: tuple[Alarm, ...] = (
         "Longer replies score higher with the reward model but are not better: a length bias learned from the "
         "preference data. Try --length_penalty, or check the reward model's correlation with length.",
         length_exploitation,
+        more="Replies 25% longer than at the start (or half the way to the length limit, when that is nearer) "
+        "while gold is no higher than at the start. Look at the evaluation's 'gain-length r' column. Triggered in "
+        "the tests by a gold judge that likes nothing, with a reward model that learned to like length.",
+        by_kind={
+            "ensemble": (
+                "Replies grow longer while gold does not",
+                "Longer replies score higher with the ensemble but are not better: a length bias its members share, "
+                "learned from the preference data. Try --length_penalty.",
+            ),
+            "program": (
+                "Replies grow longer while gold does not",
+                "Longer replies score higher with your reward program but not with the gold judge: the program "
+                "rewards length, or something long replies have. Cap or penalize length in the program.",
+            ),
+            "labels": (
+                "Replies grow longer while the gold judge does not like them more",
+                "Your reward model learned from your labels that longer replies are better, and the gold judge "
+                "does not agree. If you do want longer replies, this is fine; if not, try --length_penalty or "
+                "label more pairs where the shorter reply is the better one.",
+            ),
+        },
     ),
     Alarm(
         "equal-groups",
-        "Most groups have equal rewards",
+        "Most groups have equal rewards and teach nothing",
         "A group whose replies all get the same reward has zero advantage: GRPO, RLOO and their kin learn nothing "
-        "from it. The task is too easy or too hard for the policy; use larger groups, a finer reward, or dynamic "
-        "sampling.",
-        crossing("sampling/equal_groups", lambda m: m > 0.5, lambda x: f"{x:.0%} of the groups had equal rewards"),
+        "from it. Groups that are all wrong mean the task is too hard for the policy (or the reward too coarse); "
+        "use larger groups, a finer reward, an easier curriculum, or dynamic sampling.",
+        unsolved_equal_groups,
+        more="Groups that are all right by a gold checker do not count here (see the next note). Equal groups give "
+        "no gradient ('the loss is 0, is it broken?', trl issues 2703 and 3452). Triggered in the tests by a "
+        "constant reward function.",
+    ),
+    Alarm(
+        "solved-groups",
+        "Most groups are all right: the task is learned",
+        "More than half the groups had every reply right by the gold checker. Nothing is broken: those prompts no "
+        "longer teach anything. Stop here, or make the task harder (more digits, larger numbers) to keep learning.",
+        crossing("sampling/solved_groups", lambda m: m > 0.5, lambda x: f"{x:.0%} of the groups had every reply right"),
+        more="Counted where the gold judge is a checker (every value 0 or 1), as on the arithmetic and countdown "
+        "tasks: the documented reasoning run reaches it once its accuracy nears 1.",
+        severity="note",
     ),
     Alarm(
         "truncation",
@@ -288,6 +449,8 @@ ALARMS: tuple[Alarm, ...] = (
             lambda x: f"{x:.0%} of the replies hit the length limit",
             lambda v: 1 - v,
         ),
+        more="Penalize with --missing_eos_penalty, --mask_truncated or the overlong shaping. The tests' tiny model "
+        "(a 64-token context) raises it on its own.",
     ),
     Alarm(
         "update-spike",
@@ -295,6 +458,8 @@ ALARMS: tuple[Alarm, ...] = (
         "The clip fraction or the approximate KL of one update spiked: the learning rate or the number of epochs "
         "is too large for this batch, and the trust region PPO relies on no longer holds.",
         update_spike,
+        more="One update's clip fraction was over 0.3, or its approximate KL over 0.1, and ten times the run's "
+        "median. Lower --learning_rate, use fewer --n_epochs, or set --target_kl.",
     ),
     Alarm(
         "value-divergence",
@@ -302,22 +467,36 @@ ALARMS: tuple[Alarm, ...] = (
         "The critic's error grew tenfold and it now predicts the returns worse than their mean: its advantages are "
         "noise. Lower the learning rate, clip the value loss, or normalize the rewards.",
         value_divergence,
+        more="The value loss's moving average grew to ten times its lowest while the explained variance went below "
+        "zero. Lower the learning rate or --value_lr_scale, keep --clip_range_vf, or whiten the rewards. Tested "
+        "on hand-built logs.",
     ),
     Alarm(
         "repetition",
         "Replies grow repetitive",
         "Distinct word pairs across the batch's replies fell below half their start: the policy repeats itself, "
         "a common way to please a reward model. Raise beta or check the reward for a repetition bias.",
-        below_start(("policy/distinct_2",), 0.5, "distinct-2's moving average"),
+        below_start(("policy/distinct_2",), 0.5, "distinct-2's moving average", undefined_as=0.0),
+        more="Also the '!!!!' of degenerate LoRA runs (verl issue 3159). A batch whose replies have no word pair at "
+        "all (an unbroken 'SureSureSure...') has no distinct-2 (the page shows n/a); for this alarm it counts as no "
+        "variety, once the run started with some.",
     ),
 )
 
 
-def raised(rows: Rows) -> list[Raised]:
-    """Every alarm that fires on `rows`, in the table's order."""
+def raised(rows: Rows, reward_kind: str | None = None) -> list[Raised]:
+    """Every alarm that fires on `rows`, by the step it first fired (the table's order among equals), worded for
+    the run's kind of reward (`REWARD_KINDS`; None: a reward model's words); the earliest alarm (not a note) is
+    marked as the likely cause."""
     out = []
     for a in ALARMS:
         f = a.detect(rows)
         if f is not None:
-            out.append(Raised(a.name, a.title, a.explanation, f.step, f.detail))
+            title, explanation = a.words(reward_kind)
+            out.append(Raised(a.name, title, explanation, f.step, f.detail, a.more, a.severity))
+    out.sort(key=lambda r: r.step)  # stable: the table's order among alarms of one step
+    for i, r in enumerate(out):
+        if r.severity == "alarm":
+            out[i] = replace(r, cause=True)
+            break
     return out

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_toy.errors import UserError
-from rlhf_toy.io import atomic_write_text
+from rlhf_toy.io import atomic_write_text, read_json
 from rlhf_toy.logging import read_jsonl
 
-from .alarms import ALARMS, Raised, raised
+from .alarms import ALARMS, REWARD_KINDS, Raised, raised
 
 PHASES = ("sample", "reward", "policy_forward", "reference_forward", "update")  # the trainer's PhaseClock
 # (title, keys): a chart draws the first key each run logs of every group; runs are overlaid.
@@ -49,7 +49,6 @@ CHARTS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
     ("Throughput", (("time/episodes_per_s", "charts/SPS"),)),
     ("Seconds per phase of a step", tuple((f"time/{p}_s",) for p in PHASES)),
 )
-EXPLANATIONS = "docs/explanations/reading-a-run.md"
 
 
 @dataclass
@@ -62,6 +61,7 @@ class RunRecord:
     settings: dict[str, Any] = field(default_factory=dict)
     preset: dict[str, Any] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    reward_kind: str | None = None  # what a policy run optimized (`alarms.REWARD_KINDS`): the alarms' words
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], name: str | None = None) -> RunRecord:
@@ -71,10 +71,24 @@ class RunRecord:
                 f"no metrics.jsonl in {p}: report reads a policy run's directory (e.g. runs/helpdesk/ppo), a run "
                 "directory that holds some, or a CartPole --out directory"
             )
-        rows = read_jsonl(p / "metrics.jsonl", partial_last_line_ok=True)
-        meta = json.loads((p / "settings.json").read_text()) if (p / "settings.json").is_file() else {}
-        samples = read_jsonl(p / "samples.jsonl", partial_last_line_ok=True) if (p / "samples.jsonl").is_file() else []
-        return cls(name or p.name, p, rows, meta.get("settings", {}), meta.get("preset", {}), samples)
+        rows = read_jsonl(p / "metrics.jsonl", partial_last_line_ok=True, steps=True)
+        meta = (
+            read_json(p / "settings.json", "delete it to report without settings")
+            if (p / "settings.json").is_file()
+            else {}
+        )
+        samples = (
+            read_jsonl(p / "samples.jsonl", partial_last_line_ok=True, steps=True)
+            if (p / "samples.jsonl").is_file()
+            else []
+        )
+        for i, s in enumerate(samples, 1):
+            if not (isinstance(s.get("samples", []), list) and all(isinstance(x, dict) for x in s.get("samples", []))):
+                raise UserError(
+                    f"{p / 'samples.jsonl'}, row {i}: 'samples' is not a list of replies; fix or delete that line"
+                )
+        kind = meta.get("reward_kind") if meta.get("reward_kind") in REWARD_KINDS else None
+        return cls(name or p.name, p, rows, meta.get("settings", {}), meta.get("preset", {}), samples, kind)
 
 
 def policy_runs(path: str | os.PathLike[str]) -> list[Path]:
@@ -124,20 +138,13 @@ def settings_table(run: RunRecord) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (not r["differs"], r["key"]))
 
 
-def _alarm(a: Raised, docs: str) -> dict[str, Any]:
+def _alarm(a: Raised) -> dict[str, Any]:
+    """An alarm as the page shows it: every text embedded (an installed package has no docs folder to link to)."""
     return {"name": a.name, "title": a.title, "step": a.step, "detail": a.detail, "explanation": a.explanation,
-            "link": f"{docs}#{a.name}"}  # fmt: skip
-
-
-def docs_link() -> str:
-    """The explanations page: the docs in this checkout when they are here (a clone or an editable install), as a
-    file:// address; otherwise its path in the repository."""
-    local = Path(__file__).resolve().parents[2] / EXPLANATIONS
-    return local.as_uri() if local.is_file() else EXPLANATIONS
+            "more": a.more, "severity": a.severity, "cause": a.cause}  # fmt: skip
 
 
 def report_data(runs: list[RunRecord], title: str) -> dict[str, Any]:
-    docs = docs_link()
     return {
         "title": title,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -148,7 +155,7 @@ def report_data(runs: list[RunRecord], title: str) -> dict[str, Any]:
                 "path": str(r.path),
                 "steps": len(r.rows),
                 "last_step": r.rows[-1].get("step") if r.rows else None,
-                "alarms": [_alarm(a, docs) for a in raised(r.rows)],
+                "alarms": [_alarm(a) for a in raised(r.rows, r.reward_kind)],
                 "settings": settings_table(r),
                 "samples": [{"step": s.get("step"), **x} for s in r.samples for x in s.get("samples", [])],
             }
@@ -169,10 +176,18 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def script_json(obj: Any) -> str:
+    """JSON to embed in a `<script>` element: `<`, `>` and `&` as \\u escapes, so that no text of a reply
+    (`</script>`, `<!--<script>`, which put the HTML parser into a state that swallows the rest of the page)
+    can end or hide the element; JSON.parse reads the escapes back as the same characters."""
+    text = json.dumps(obj, allow_nan=False, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def render(runs: list[RunRecord], title: str) -> str:
     """The page's HTML: the template with uPlot's script and style and the data inlined."""
     assets = resources.files(__package__)
-    data = json.dumps(_clean(report_data(runs, title)), allow_nan=False, default=str).replace("</", "<\\/")
+    data = script_json(_clean(report_data(runs, title)))
     page = assets.joinpath("template.html").read_text(encoding="utf-8")
     for name, text in (
         ("{{title}}", html.escape(title)),

@@ -25,6 +25,7 @@ from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 from rlhf_toy.runtime import PhaseClock
 
+from ..data.rewards import RewardFunctions, function_name
 from ..data.scores import check_scores
 from ..data.text import distinct_2
 from ..models.base import context_length
@@ -80,6 +81,8 @@ def describe(fn: Any) -> str:
     """A reward function or model as the user would recognize it in an error."""
     if isinstance(fn, (torch.nn.Module, RewardModel, ScoredReward)):
         return f"the reward model ({type(fn).__name__})"
+    if isinstance(fn, RewardFunctions):  # --reward_fn: the weighted sum of the user's functions
+        return f"the sum of the reward functions {' + '.join(function_name(f) for f in fn.fns)}"
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     return f"the reward function {getattr(fn, '__module__', None) or '?'}.{name}"
 
@@ -245,6 +248,7 @@ class RLHFTrainer:
                 f"context of {context}; lower --max_new_tokens"
             )
         self.cfg, self.ppo, self.tok, self.prompts, self.judge = cfg, ppo, tok, prompts, judge
+        self.round_gold: tuple[list[str], Tensor] | None = None  # the last sampling round's replies and gold
         seed = seed + rank_and_world()[0]  # data-parallel ranks draw different prompts and samples
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
         # The frozen reference: the SFT model (a copy of the starting policy unless given, e.g. on resume), or
@@ -302,6 +306,7 @@ class RLHFTrainer:
         parts: list[tuple[Samples, Tensor]] = []
         dropped: list[tuple[Samples, Tensor]] = []  # equal groups, to fill a batch the rounds could not
         kept = groups = equal = rounds = filled = 0
+        outcomes: list[int] | None = [0, 0] if k > 1 and self.judge is not None else None  # all right, all wrong
         for _ in range(cfg.dynamic_sampling_rounds):
             rounds += 1
             s, scores = sample_and_score(
@@ -309,6 +314,8 @@ class RLHFTrainer:
             )
             flat = equal_groups(scores.cpu(), k) if k > 1 else torch.zeros(len(scores), dtype=torch.bool)
             groups, equal = groups + len(flat), equal + int(flat.sum())
+            if outcomes is not None:
+                outcomes = self.group_outcomes(s, k, outcomes)
             if not cfg.dynamic_sampling:
                 parts.append((s, scores))
                 break
@@ -338,11 +345,24 @@ class RLHFTrainer:
         s = concat_samples([p[0] for p in parts], self.tok.pad_token_id)
         scores = torch.cat([p[1] for p in parts])
         sampling = {"equal_groups": equal / groups, "rounds": float(rounds)} if k > 1 else {}
+        if outcomes is not None:  # the gold judge is a checker: equal groups told apart, all right or all wrong
+            sampling["solved_groups"], sampling["failed_groups"] = outcomes[0] / groups, outcomes[1] / groups
         if cfg.dynamic_sampling:
             sampling["filled_groups"] = float(filled)
         return experience_from(
             self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling, self.clock
         )
+
+    def group_outcomes(self, s: Samples, k: int, counts: list[int]) -> list[int] | None:
+        """`counts` plus this round's groups that the gold judge marks all right and all wrong, when it is a checker
+        (every value 0 or 1); None when it is not (a judge of degree: equal rewards cannot be told apart by it).
+        The judge's values are kept for the step's own gold, so a checker runs once per reply."""
+        gold = torch.as_tensor(self.judge(s.prompts, s.texts), dtype=torch.float64)  # type: ignore[misc]
+        self.round_gold = (s.texts, gold)
+        if not bool(((gold == 0) | (gold == 1)).all()):
+            return None
+        g = gold.view(-1, k)
+        return [counts[0] + int((g == 1).all(1).sum()), counts[1] + int((g == 0).all(1).sum())]
 
     def _step(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -358,7 +378,11 @@ class RLHFTrainer:
         self.stopped_by_kl_limit = self.cfg.kl_limit is not None and ma > self.cfg.kl_limit
         with self.clock("update"):
             stats = {} if self.stopped_by_kl_limit else self._update(exp, beta)
-        gold = self.judge(prompts, exp.texts) if self.judge is not None else None
+        cached, self.round_gold = self.round_gold, None
+        if cached is not None and cached[0] == exp.texts:  # one round: its replies, judged already
+            gold = cached[1].tolist()
+        else:
+            gold = self.judge(prompts, exp.texts) if self.judge is not None else None
         # A few of the step's replies with what was measured of each (the run's report shows them by step).
         lengths = mask.sum(1)
         self.last_samples = [

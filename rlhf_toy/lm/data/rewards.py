@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlhf_toy.errors import UserError
+from rlhf_toy.errors import UserError, first_line
 
 from .scores import check_scores
 
@@ -77,12 +77,14 @@ def import_callable(spec: str, what: str, example: str, takes: str = "") -> Call
     if ":" not in spec:
         raise UserError(f"{what} {spec!r} must look like module:function (e.g. {example})")
     module, name = spec.split(":", 1)
+    if not module or module.startswith(".") or not name:
+        raise UserError(f"{what} {spec!r} must name a module and a function, module:function (e.g. {example})")
     try:
         fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # anything the module's own code raises at import: a SyntaxError, a ValueError, ...
         raise UserError(
-            f"cannot import {what} {spec!r} ({type(exc).__name__}: {exc}); check the module is on "
-            "PYTHONPATH and the function name"
+            f"cannot import {what} {spec!r} ({type(exc).__name__}: {first_line(exc)}); check the module is on "
+            "PYTHONPATH, runs when imported, and has that function"
         ) from None
     if not callable(fn):
         raise UserError(f"{what} {spec!r} is a {type(fn).__name__}, not a function{takes}")

@@ -209,7 +209,14 @@ def load_pairs(
     for i, (p, r) in enumerate(zip(ds["prompt"], responses)):
         if p and (r or resp_col is None):
             pairs.append((str(p), str(r)))
-            columns.setdefault(str(p), {c: ds[i][c] for c in others})
+            row = {c: ds[i][c] for c in others}
+            first = columns.setdefault(str(p), row)
+            if first != row:  # a problem is known by its prompt: two answers to one prompt cannot both be checked
+                raise UserError(
+                    f"{path}: row {i + 1} repeats an earlier row's prompt {str(p)[:60]!r} with other columns "
+                    f"({', '.join(c for c in others if first[c] != row[c])}); a prompt's columns must be the same in "
+                    "every row: merge them (e.g. a list of accepted answers) or make the prompts differ"
+                )
     if not pairs:
         raise UserError(f"{path} holds no non-empty (prompt, response) rows")
     prompts = sorted(set(p for p, _ in pairs))

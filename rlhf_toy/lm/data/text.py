@@ -7,9 +7,10 @@ import numpy as np
 
 
 def distinct_2(texts: list[str]) -> float:
-    """Unique word bigrams / all word bigrams across the responses."""
+    """Unique word bigrams / all word bigrams across the responses; NaN (undefined: shown as n/a) when no response
+    has two words, for then the replies are neither varied nor repetitive by this measure."""
     bigrams = [tuple(w[i : i + 2]) for t in texts for w in [t.split()] for i in range(len(w) - 1)]
-    return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
+    return len(set(bigrams)) / len(bigrams) if bigrams else float("nan")
 
 
 def repetition_rate(texts: list[str]) -> float:

@@ -8,7 +8,9 @@ Routes (JSON in and out; a token, when one is required, as `?token=` or the `X-T
     POST /api/undo              {"labeler", "current": pair on screen or null} -> the retracted pair, progress
     GET  /api/progress
 
-Safe by default: it binds 127.0.0.1; any other host needs the token the command prints. Bodies are bounded
+Safe by default: it binds 127.0.0.1 and answers only requests addressed to a loopback name or the bound address
+(another site's page in the same browser cannot reach it through DNS rebinding); any other host needs the token
+the command prints. Bodies are bounded
 (`MAX_BODY` bytes, a Content-Length required), every field is validated by its pydantic model, and nothing
 from a request names a file: the log's path is fixed when the command starts.
 """
@@ -26,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from rlhf_toy.errors import UserError
 
@@ -57,9 +60,22 @@ def _refused(exc: LabelError) -> HTTPException:
     return HTTPException(exc.status, str(exc))
 
 
-def build_app(session: LabelSession, token: str | None = None, labeler: str = "me") -> FastAPI:
-    """The app over one session; with `token`, every request must carry it."""
+def allowed_hosts(bound: str) -> list[str]:
+    """The `Host` header values the page answers: the loopback names and the address it is bound to. A request
+    naming any other host is a page elsewhere reaching this one through DNS rebinding, and gets 400. Bound to
+    every interface (0.0.0.0, ::), any name may reach it: the token guards it then."""
+    if bound in ("0.0.0.0", "::", ""):
+        return ["*"]
+    return ["127.0.0.1", "localhost", "[::1]", f"[{bound}]" if ":" in bound else bound]
+
+
+def build_app(
+    session: LabelSession, token: str | None = None, labeler: str = "me", hosts: list[str] | None = None
+) -> FastAPI:
+    """The app over one session; with `token`, every request must carry it; `hosts`: the `Host` names it
+    answers (default: loopback only)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts or allowed_hosts("127.0.0.1"))
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
     page = page.replace("{{labeler}}", html.escape(labeler))
 
@@ -150,7 +166,7 @@ def open_server(session: LabelSession, sock: socket.socket, labeler: str = "me")
     """The server over `session` on a socket from `bind`; a token is required when it is not bound to loopback."""
     host = sock.getsockname()[0]
     token = None if host in LOOPBACK else secrets.token_urlsafe(16)
-    app = build_app(session, token, labeler)
+    app = build_app(session, token, labeler, allowed_hosts(host))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
     bound, bound_port = sock.getsockname()[:2]
     shown = f"[{bound}]" if ":" in bound else bound

@@ -126,18 +126,28 @@ def check_row(row: dict[str, Any], where: str) -> None:
         raise UserError(f"{where}: 'choice' is {row.get('choice')!r}, not one of {', '.join(CHOICES)}")
 
 
+def is_label_row(row: Any) -> bool:
+    """Whether a parsed line is one `label` writes: a label or a retraction."""
+    return isinstance(row, dict) and "labeler" in row and ("choice" in row or "retracts" in row)
+
+
+# How every row `label` writes begins (`label_row` and `retraction_row` put these keys first): a partial last
+# line that a kill left starts so, and nothing else is cut from a file
+ROW_STARTS = (b'{"pair_id":', b'{"retracts":')
+
+
 def is_label_log(path: str | os.PathLike[str]) -> bool:
-    """Whether a preference file is a label log (its first row is a label or a retraction written by `label`)."""
+    """Whether a preference file is a label log (its first row is a label or a retraction written by `label`),
+    whatever its name: a log saved as `labels.json` is still read as labels, never as plain preferences."""
     p = Path(path)
-    if p.suffix != ".jsonl" or not p.is_file():
+    if not p.is_file():
         return False
     with p.open("rb") as f:
         first = f.readline()
     try:
-        row = json.loads(first)
+        return is_label_row(json.loads(first))
     except ValueError:
         return False
-    return isinstance(row, dict) and "labeler" in row and ("choice" in row or "retracts" in row)
 
 
 def read_log(path: str | os.PathLike[str]) -> LabelState:
@@ -175,11 +185,13 @@ class LabelLog:
         self._lock = FileLock(str(self.path.with_name(f".{self.path.name}.lock")), thread_local=False)
 
     def open(self) -> LabelState:
-        """Create the file if needed, cut a partial last line a kill left (with a notice), and read it."""
+        """Create the file if needed, cut a partial last line a kill left (with a notice), and read it. A file
+        that is not a label log is refused before a byte of it changes."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self.path.is_file():
                 data = self.path.read_bytes()
+                self.check_is_log(data)
                 if data and not data.endswith(b"\n"):
                     keep = data.rfind(b"\n") + 1
                     os.truncate(self.path, keep)
@@ -191,6 +203,27 @@ class LabelLog:
             else:
                 self.path.touch()
             return read_log(self.path)
+
+    def check_is_log(self, data: bytes) -> None:
+        """Refuse a file whose whole lines are not label rows, or whose unfinished last line does not begin as
+        one (a kill mid-write leaves only that): `--out` named some other file, which must stay as it was."""
+        lines = data.split(b"\n")
+        whole, tail = lines[:-1], lines[-1]
+        for i, line in enumerate(whole, 1):
+            try:
+                ok = is_label_row(json.loads(line))
+            except ValueError:
+                ok = False
+            if not ok:
+                raise UserError(
+                    f"{self.path} is not a label log (line {i} is not a row 'rlhf-toy label' writes); pass "
+                    "--out with a new file name, e.g. human_preferences.jsonl"
+                )
+        if tail and not tail.startswith(ROW_STARTS):
+            raise UserError(
+                f"{self.path} is not a label log (its last line is not a row 'rlhf-toy label' writes); pass --out "
+                "with a new file name, e.g. human_preferences.jsonl"
+            )
 
     def append(self, row: dict[str, Any]) -> None:
         line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")

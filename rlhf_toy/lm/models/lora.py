@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.pytorch_utils import Conv1D
 
 from rlhf_toy.config import check, option
 from rlhf_toy.errors import UserError, first_line
@@ -61,8 +62,14 @@ def add_lora(model, cfg: LoraConfig, task_type: str, seed: int | None = None):
 
     targets: Any = target_modules(model, cfg.lora_targets)
     check_rank(model, cfg.lora_r, targets)
+    conv1d = any(isinstance(m, Conv1D) for m in model.modules())  # GPT-2 stores its weights [in, out]: say so
     lora = peft.LoraConfig(
-        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type=task_type
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=targets,
+        task_type=task_type,
+        fan_in_fan_out=conv1d,
     )
     try:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -80,6 +87,16 @@ def add_lora(model, cfg: LoraConfig, task_type: str, seed: int | None = None):
 HEADS = ("lm_head", "score", "classifier")  # output layers: peft's all-linear adapts none of them
 
 
+def linear_widths(m: torch.nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a linear layer as peft adapts them: `nn.Linear`, or transformers' `Conv1D` (GPT-2's
+    linear layers, weight `[in, out]`); None for any other module."""
+    if isinstance(m, torch.nn.Linear):
+        return m.in_features, m.out_features
+    if isinstance(m, Conv1D):
+        return m.weight.shape[0], m.nf
+    return None
+
+
 def check_rank(model, r: int, targets: str | list[str]) -> None:
     """A rank above a targeted layer's width adds parameters without adding rank: refuse it, naming the limit."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -89,11 +106,7 @@ def check_rank(model, r: int, targets: str | list[str]) -> None:
             return name.rsplit(".", 1)[-1] in targets
         return m is not output and name.rsplit(".", 1)[-1] not in HEADS  # peft leaves heads out of all-linear
 
-    widths = [
-        min(m.in_features, m.out_features)
-        for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and targeted(name, m)
-    ]
+    widths = [min(shape) for name, m in model.named_modules() if (shape := linear_widths(m)) and targeted(name, m)]
     if widths and r > min(widths):
         raise UserError(
             f"--lora_r {r} is above the narrowest targeted layer's width ({min(widths)}): the update could not "
@@ -110,9 +123,7 @@ def target_modules(model, spec: str) -> str | list[str]:
         return "all-linear"
     if "all-linear" in names:
         output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        linear = {
-            n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not output
-        }
+        linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if linear_widths(m) and m is not output}
         names = sorted(linear | set(names) - {"all-linear"})
     return names
 

@@ -130,6 +130,17 @@ def is_ensemble(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / ENSEMBLE_FILE).is_file()
 
 
+def is_reward_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether a model folder holds a reward model (a sequence classifier) or an ensemble of them."""
+    if is_ensemble(path):
+        return True
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or [])
+
+
 def is_plain_name(name: object) -> bool:
     """A file name with no path in it: not empty, no separator, not `.` or `..`."""
     return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name

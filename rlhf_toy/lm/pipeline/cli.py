@@ -80,7 +80,8 @@ COMMANDS = {
         P + "pipeline.stages:stage_dpo",
     ),
     "evaluate": stage(
-        "Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md).",
+        "Stage 6: SFT vs best-of-n vs PPO on held-out prompts (table in run_dir/eval.md; an evaluation with other "
+        "policies, reward or data in its own eval-NAME.md, so none overwrites another).",
         (P + "pipeline.stages:EvalConfig",),
         P + "pipeline.stages:stage_evaluate",
     ),

@@ -300,7 +300,7 @@ def evaluation_table(rows: list[dict[str, Any]]) -> str:
                 f"{r['rm_score']:.2f}",
                 f"{r['kl']:.2f}",
                 "-" if r["on_topic"] is None else f"{r['on_topic']:.3f}",
-                f"{r['distinct_2']:.3f}",
+                f"{r['distinct_2']:.3f}" if math.isfinite(r["distinct_2"]) else "n/a",
                 f"{r['repetition']:.3f}",
                 f"{r['length_words']:.1f}",
                 "-"

@@ -143,7 +143,7 @@ def summarize(
         "peak gold gain (at KL)",
     ]
     blank = ["-"] * 4
-    pm = lambda x: f"{x['mean']:.3f} ± {x['se']:.3f}"  # noqa: E731
+    pm = lambda x: f"{x['mean']:.3f} ± {x['se']:.3f}" if math.isfinite(x["mean"]) else "n/a"  # noqa: E731
     rows = [
         [
             "SFT",

@@ -48,6 +48,8 @@ class LabelConfig:
         check(0 <= self.port <= 65535, "port", self.port, "in [0, 65535] (0: any free port)")
         check(bool(self.host.strip()), "host", self.host, "an address, e.g. 127.0.0.1")
         check(re.match(LABELER, self.labeler) is not None, "labeler", self.labeler, "1-40 letters, digits, _.@-")
+        # one JSON object per line: the name says so, and `reward --preferences_file` reads it as a log
+        check(self.out.endswith(".jsonl"), "out", self.out, "a .jsonl file, e.g. human_preferences.jsonl")
 
 
 def policy_source(run: RunConfig, cfg: LabelConfig) -> tuple[str, object, object]:

@@ -31,7 +31,7 @@ from ..models.lora import LoraConfig, lora_settings
 from .evaluate import greedy_accuracy
 from .run import RunConfig
 from .rundir import PolicyDir, RunDir
-from .stages import reference_model, start_policy, task_reward
+from .stages import reference_model, reward_kind, start_policy, task_reward
 
 
 @dataclass
@@ -168,7 +168,12 @@ class PolicyRun:
         resumed = state is not None
         self.rows = out.load_metrics(upto=self.trainer.step_count) if resumed else []
         rd.save_json(
-            out.path / "settings.json", {"settings": self.settings, "preset": command_defaults(self.algorithm)}
+            out.path / "settings.json",
+            {
+                "settings": self.settings,
+                "preset": command_defaults(self.algorithm),
+                "reward_kind": reward_kind(self.run, self.task),  # the report's alarms word their texts by it
+            },
         )
         config = {"settings": self.settings, "run_dir": str(rd.path)}
         self.logger = MetricLogger(out.path, self.where.trackers, self.rows, enabled=is_main(), config=config)

@@ -23,7 +23,7 @@ from ..algorithms.reward import (
     split_pairs,
     train_reward_model,
 )
-from ..labeling.store import TIE_LABEL
+from ..labeling.store import TIE_LABEL, is_label_log
 from ..models.base import context_length, load_base, resolve_base_model
 from ..models.chat import check_fits, check_pairs_fit, check_tokenizer_matches, encode_prompts, load_tokenizer
 from ..models.devices import autocast
@@ -129,6 +129,7 @@ def train_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = No
     to the run's `--reward_dir` with held-out accuracy (per member and combined)."""
     run.start()
     rd = run.dir
+    rd.check_reward_target()
     lora = lora_settings(lora)
     if run.reward_objective != "mean" and cfg.ensemble < 2:
         raise UserError(
@@ -158,6 +159,9 @@ def train_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = No
         names = [f"member_{i}" for i in range(len(members))]
     heldout = lambda score: heldout_metrics(rd, held_pairs, score)  # noqa: E731
     metrics: dict[str, Any] = {"stage": "reward", "pairs": len(pairs["prompt"]), "reward_dir": str(rd.reward_model)}
+    # where the pairs came from: the report words its alarms for a reward model of a user's own labels
+    labels = run.preferences_file is not None and is_label_log(run.preferences_file)
+    metrics["preferences"] = "labels" if labels else "file" if run.preferences_file else "generated"
     ensemble = ScoredReward([RewardModel(m, tok, reads_ids=False) for m in members])
     scores = MemberScores(ensemble)  # each held-out reply scored once by each member
     if len(members) > 1:  # each member's figures, then what they make together

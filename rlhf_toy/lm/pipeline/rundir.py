@@ -13,14 +13,14 @@ run_dir/ALGORITHM/                 5. one policy run (ppo/, grpo/, dpo/, ... or 
                                       (policy/ + trainer_state.pt, one atomic unit: for --resume), policy/ (the
                                       finished policy), adapter/ (LoRA runs: the adapters alone), metrics.jsonl,
                                       curves.png, samples.json, summary.json (ppo.json before 0.2: still read)
-run_dir/eval.md, eval.json         6. SFT vs best-of-n vs PPO on held-out prompts
+run_dir/eval.md, eval.json         6. SFT vs best-of-n vs PPO on held-out prompts (the first evaluation, and its
+                                      re-runs); an evaluation with other settings: eval-POLICIES_REWARD_DATA.md/.json
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,16 @@ from datasets import load_from_disk
 
 from rlhf_toy.distributed import is_main
 from rlhf_toy.errors import UserError, first_line
-from rlhf_toy.io import atomic_dir, atomic_write_json, atomic_write_text, output_lock, reader_lock
+from rlhf_toy.io import (
+    atomic_dir,
+    atomic_write_json,
+    atomic_write_text,
+    check_no_readers,
+    folder_kind,
+    output_lock,
+    read_json,
+    reader_lock,
+)
 from rlhf_toy.logging import read_jsonl
 
 from ..data.preferences import check_preferences
@@ -39,7 +48,7 @@ from ..labeling.store import is_label_log, log_pairs
 from ..models.chat import load_tokenizer
 from ..models.checkpoints import load_causal_lm, save_model
 from ..models.lora import is_lora, load_lora
-from ..models.reward_ensemble import ScoredReward, load_scored_reward
+from ..models.reward_ensemble import ScoredReward, is_reward_dir, load_scored_reward
 
 
 def main_only(save):
@@ -58,7 +67,7 @@ def rows_upto(path: Path, upto: int) -> list[dict[str, Any]]:
     have cut the last line short: it is dropped."""
     if not path.is_file():
         return []
-    return [r for r in read_jsonl(path, partial_last_line_ok=True) if r.get("step", 0) <= upto]
+    return [r for r in read_jsonl(path, partial_last_line_ok=True, steps=True) if r.get("step", 0) <= upto]
 
 
 class PolicyDir:
@@ -162,7 +171,7 @@ class PolicyDir:
         """The run's summary (`summary.json`; a directory written before 0.2 has it as `ppo.json`), or {}."""
         for path in (self.summary, self.path / "ppo.json"):
             if path.is_file():
-                return json.loads(path.read_text())
+                return read_json(path, f"delete it (the run in {self.path} then counts as unfinished)")
         return {}
 
 
@@ -197,10 +206,44 @@ class RunDir:
         under torchrun rank 0 holds it for all ranks."""
         return output_lock(self.path, "run") if is_main() else contextlib.nullcontext()
 
+    def outside(self, path: Path) -> bool:
+        """Whether `path` lies outside the run directory (a --reward_dir given as a path elsewhere)."""
+        return not path.resolve().is_relative_to(self.path.resolve())
+
+    def check_reward_target(self) -> None:
+        """The reward stage writes `--reward_dir` whole: refuse a folder that holds something else (the run's
+        SFT model, a policy run, the run itself), and one that a running stage of another run reads."""
+        target = self.reward_model
+        own = {
+            self.path: "the run directory",
+            self.sft: "the run's SFT model",
+            self.tokenizer: "the tokenizer",
+            self.preferences: "the preference data",
+            self.base_model: "the base model",
+        }
+        for path, what in own.items():
+            if target.resolve() == path.resolve():
+                raise UserError(
+                    f"--reward_dir {target} is {what}, which a reward model would replace; pass "
+                    "another name, e.g. --reward_dir reward_model"
+                )
+        kind = folder_kind(target)
+        if kind not in (None, "model") or (kind == "model" and not is_reward_dir(target)):
+            raise UserError(
+                f"--reward_dir {target} holds a {'model that is not a reward model' if kind == 'model' else kind}, "
+                "which a reward model would replace; pass another directory"
+            )
+        if self.outside(target):
+            check_no_readers(target)  # a policy stage of another run may be scoring with it
+
     def reading(self):
         """A policy stage reads the run's models for the block: writers of the run directory refuse meanwhile
         (under torchrun each rank registers; rank 0 alone holds the write lock)."""
-        return reader_lock(self.path, "run's models")
+        stack = contextlib.ExitStack()
+        stack.enter_context(reader_lock(self.path, "run's models"))
+        if self.reward_model.is_dir() and self.outside(self.reward_model):  # a --reward_dir elsewhere
+            stack.enter_context(reader_lock(self.reward_model, "reward model"))
+        return stack
 
     def report(self, name: str) -> Path:
         """A stage's JSON or markdown report: sft.json, reward.json, eval.md, ..."""
@@ -257,7 +300,7 @@ class RunDir:
 
     def load_json(self, path: Path) -> dict[str, Any] | None:
         """A JSON file of the run, or None if that stage did not write it."""
-        return json.loads(path.read_text()) if path.is_file() else None
+        return read_json(path, "re-run the stage that wrote it") if path.is_file() else None
 
     # Saves (all atomic).
     @main_only

@@ -8,8 +8,12 @@ in `rundir.py`). The CLI (`cli.py`) maps each command to one of these functions.
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +38,7 @@ from ..models.chat import (
 )
 from ..models.devices import autocast
 from ..models.lora import LoraConfig, add_lora, lora_settings
+from ..models.reward_ensemble import is_ensemble
 from ..models.sampling import sample
 from .evaluate import evaluate_best_of_n, evaluate_policy, evaluation_table
 from .run import RunConfig, writes_run_dir
@@ -195,6 +200,18 @@ def task_reward(run: RunConfig, task: Task, tok, device: torch.device, reads: st
     return run.dir.load_reward_model(tok, reads, device, run.reward_objective, run.uncertainty_coef, run.length_penalty)
 
 
+def reward_kind(run: RunConfig, task: Task) -> str:
+    """What a policy run optimizes, as the report's alarms word it (`alarms.REWARD_KINDS`): a program (checkable
+    tasks, --reward_fn), an ensemble, a reward model trained on a user's own labels (`label`), or a reward model."""
+    if task.reward is not None:
+        return "program"
+    rd = run.dir
+    if is_ensemble(rd.reward_model):
+        return "ensemble"
+    report = rd.load_json(rd.reward_report) or {}
+    return "labels" if report.get("preferences") == "labels" else "reward model"
+
+
 def start_policy(rd: RunDir, device: torch.device, lora: LoraConfig):
     """`(policy, tokenizer)` of a policy stage: the SFT model, with fresh trainable LoRA adapters if asked for."""
     model, tok = rd.load_sft(device)
@@ -314,9 +331,61 @@ def stage_evaluate(run: RunConfig, cfg: EvalConfig) -> dict[str, Any]:
         policy, _ = d.load_policy(name)
         label = f"{algorithm_label(d.load_summary().get('algorithm', 'ppo'))} ({name})"
         rows.append(judged(label, policy.to(run.torch_device)))
+    settings = evaluation_settings(run, cfg, len(prompts))
+    name = evaluation_file(rd.path, settings)
     table = evaluation_table(rows)
-    rd.save_text(rd.report("eval.md"), table)
-    rd.save_json(rd.report("eval.json"), {"rows": rows, "prompts": len(prompts)})
+    rd.save_text(rd.report(f"{name}.md"), f"{settings_line(settings)}\n\n{table}")
+    rd.save_json(rd.report(f"{name}.json"), {"rows": rows, "prompts": len(prompts), "settings": settings})
     print(table)
+    print(f"table in {rd.report(name + '.md')}", file=sys.stderr)
     keys = ("gold", "gold_se", "rm_score", "kl", "on_topic", "accuracy", "accuracy_se", "pass@1", "pass@k")
-    return {"stage": "evaluate", "rows": {r["name"]: {k: r[k] for k in keys if k in r} for r in rows}}
+    return {
+        "stage": "evaluate",
+        "table": str(rd.report(f"{name}.md")),
+        "rows": {r["name"]: {k: r[k] for k in keys if k in r} for r in rows},
+    }
+
+
+def evaluation_settings(run: RunConfig, cfg: EvalConfig, prompts: int) -> dict[str, Any]:
+    """What makes one evaluation another: the models compared, the reward and judge, the prompts, the sampling."""
+    return {
+        "policies": cfg.policy_names,
+        "reference": cfg.reference,
+        "best_of": cfg.best_of_ns,
+        "reward": run.reward_fn or run.reward_dir,
+        "judge": run.judge,
+        "data": run.data or run.task,
+        "prompts": prompts,
+        "temperature": cfg.temperature,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": run.seed,
+    }
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    shown = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in settings.items() if v is not None}
+    return "Evaluation: " + "; ".join(f"{k} {v}" for k, v in shown.items())
+
+
+def evaluation_file(run_dir: Path, settings: dict[str, Any]) -> str:
+    """Where an evaluation's table goes (without .md/.json): `eval` for the run's first evaluation (its headline
+    table) and for a re-run of that one; any other evaluation gets a file named by its policies, reward and data,
+    so that no evaluation overwrites another's table."""
+
+    def held(name: str) -> dict[str, Any] | None:
+        path = run_dir / f"{name}.json"
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text()).get("settings", {})
+        except (ValueError, AttributeError):
+            return {}
+
+    if held("eval") in (None, settings):
+        return "eval"
+    parts = ["+".join(settings["policies"]) or "no-policies", Path(str(settings["reward"])).name, settings["data"]]
+    slug = re.sub(r"[^A-Za-z0-9_.+-]+", "-", "_".join(Path(str(p)).stem for p in parts)).strip("-")
+    name, i = f"eval-{slug}", 2
+    while held(name) not in (None, settings):
+        name, i = f"eval-{slug}-{i}", i + 1
+    return name
