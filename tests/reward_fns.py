@@ -38,3 +38,8 @@ NOT_CALLABLE = 3
 def constant(prompts, completions, **kwargs):
     """The same reward for every reply: every group's rewards are equal."""
     return [1.0 for _ in completions]
+
+
+def is_right(prompts, completions, answer, **kwargs):
+    """A checker returning booleans (as many TRL users write them): it says itself what counts as right."""
+    return [c.strip() == str(a).strip() for c, a in zip(completions, answer)]

@@ -97,7 +97,7 @@ def test_the_format_reward_wants_one_answer_line():
 
 
 def test_problem_sets_are_seeded_and_hold_out_prompts_never_trained_on():
-    s = CheckableSettings(digits=3, operations="+-*", n_train=500, n_eval=100)
+    s = CheckableSettings(digits=3, operations="+-*", n_train=500, n_eval=100, phrasings="one")
     train, held = problems("arithmetic", s, seed=0)
     again, _ = problems("arithmetic", s, seed=0)
     other, _ = problems("arithmetic", s, seed=1)
@@ -107,7 +107,7 @@ def test_problem_sets_are_seeded_and_hold_out_prompts_never_trained_on():
         a, op, b = p.prompt.removeprefix("What is ").removesuffix("?").split()
         assert 100 <= int(a) <= 999 and 100 <= int(b) <= 999 and op in "+-*"
         assert correctness([p.prompt], [p.solution], answer=[p.columns["answer"]]) == [1.0]
-    train, held = problems("countdown", CheckableSettings(numbers=4, n_train=200, n_eval=50), seed=0)
+    train, held = problems("countdown", CheckableSettings(numbers=4, n_train=200, n_eval=50, phrasings="one"), seed=0)
     for p in train + held:
         assert countdown_correct(p.solution, p.columns["numbers"], p.columns["target"]), p
 

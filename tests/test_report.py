@@ -256,7 +256,7 @@ def test_real_runs_built_to_trigger_alarms_raise_them(alarm_runs):
 
 
 @pytest.mark.integration
-def test_the_report_page_renders_its_alarms_in_a_browser(alarm_runs, browser, artifacts, capsys):
+def test_the_report_page_renders_its_alarms_in_a_browser(alarm_runs, browser, artifacts, capsys, tmp_path_factory):
     from rlhf_toy.errors import run_cli
     from rlhf_toy.lm.pipeline.cli import main
 
@@ -275,6 +275,19 @@ def test_the_report_page_renders_its_alarms_in_a_browser(alarm_runs, browser, ar
     assert page.eval_on_selector_all("#samples tbody tr", "rs => rs.filter(r => !r.hidden).length") == 0
     page.fill("#search", "")
     assert page.eval_on_selector_all("#samples tbody tr", "rs => rs.filter(r => !r.hidden).length") > 0
+    # the earliest alarm is marked as the cause; every explanation is in the page, no link to a source file
+    assert page.eval_on_selector_all(".alarm", "els => els.map(e => !!e.querySelector('.cause'))")[0]
+    assert page.locator(".alarm .cause").count() == 1
+    assert page.locator(".alarm details summary").count() >= 3 and page.locator(".alarm a").count() == 0
+    # an unbroken reply wraps in its cell; a figure a sample does not define (no gold judge) shows as n/a
+    crafted = tmp_path_factory.mktemp("crafted")
+    (crafted / "metrics.jsonl").write_text(json.dumps({"step": 1, "objective/score": 1.0}) + "\n")
+    sample = {"prompt": "hi", "response": "Sure" * 400, "score": 1.0, "gold": None, "kl": 0.5, "tokens": 32}
+    (crafted / "samples.jsonl").write_text(json.dumps({"step": 1, "samples": [sample]}) + "\n")
+    page.set_content(render([RunRecord.load(crafted)], "crafted"))
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1200
+    assert page.locator("#samples td", has_text="n/a").count() == 1
+    page.goto((alarm_runs / "collapse" / "report.html").as_uri())
     page.screenshot(path=str(artifacts / "report-page.png"), full_page=True)
     assert not problems, problems
 
@@ -326,3 +339,60 @@ def test_cartpole_writes_its_report(tmp_path, capsys):
     assert "charts/episodic_length" in rows[-1] and "losses/grad_norm" in rows[-1]
     assert run_cli(main, ["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
     assert (tmp_path / "r.html").is_file()
+
+
+def test_the_reward_kind_comes_from_the_run_and_words_the_page(tmp_path):
+    """A policy run trained on a reward model of the user's own labels: the over-optimization alarm says that the
+    gold judge disagrees with the user's reward, not "Goodhart"."""
+    from rlhf_toy.lm.data.tasks import Task
+    from rlhf_toy.lm.pipeline.run import RunConfig
+    from rlhf_toy.lm.pipeline.stages import reward_kind
+
+    run = RunConfig(run_dir=str(tmp_path))
+    task = Task("t", [("p", "r")], [("p", "r")], judge=lambda p, r: [0.0] * len(r))
+    assert reward_kind(run, task) == "reward model"
+    (tmp_path / "reward.json").write_text(json.dumps({"preferences": "labels"}))
+    assert reward_kind(run, task) == "labels"
+    (tmp_path / "reward_model").mkdir()
+    (tmp_path / "reward_model" / "ensemble.json").write_text("{}")
+    assert reward_kind(run, task) == "ensemble"
+    task.reward = lambda p, r: [0.0] * len(r)  # type: ignore[assignment]
+    assert reward_kind(run, task) == "program"
+
+    rows = rows_of(**{**CALM, "objective__gold": lambda t: min(0.8, t / 35) if t < 50 else 0.8 - 0.03 * (t - 50),
+                      "objective__score": lambda t: t / 30})  # fmt: skip
+    d = tmp_path / "ppo"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "settings.json").write_text(json.dumps({"settings": {}, "preset": {}, "reward_kind": "labels"}))
+    page = render([RunRecord.load(d)], "labels")
+    assert "The gold judge disagrees with your reward" in page and "Goodhart" not in page
+
+
+HEALTHY = sorted((DATA / "healthy").glob("*.jsonl"))
+
+
+@pytest.mark.parametrize("log", HEALTHY, ids=[p.stem for p in HEALTHY])
+def test_a_healthy_run_of_every_algorithm_raises_no_alarm(log):
+    """Real logs (tests/data/README.md): each online algorithm's command on its defaults after `all`'s stages (DAPO,
+    whose record has no KL penalty, on the checkable task it is meant for), and the `reasoning` recipe's run; a
+    note (the task is learned) is allowed, an alarm is not."""
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    kind = "program" if log.stem.startswith("reasoning") else "reward model"
+    assert [(a.name, a.step, a.detail) for a in raised(rows, kind) if a.severity == "alarm"] == []
+
+
+def test_every_online_algorithm_has_a_healthy_log():
+    from rlhf_toy.lm.algorithms.online import ALGORITHMS
+
+    assert {a.name for a in ALGORITHMS.values()} <= {p.stem.removeprefix("reasoning_") for p in HEALTHY}
+
+
+def test_dapo_without_a_kl_penalty_on_a_reward_model_raises_the_right_alarms_in_order():
+    """A real log (tests/data/README.md): `rlhf-toy dapo` on its defaults (no KL penalty: its record is meant for
+    checkers) against the toy reward model. Gold peaks and falls while the reward rises, then the KL runs away and
+    replies grow repetitive: the first alarm is the over-optimization, the cause of the rest."""
+    rows = [json.loads(line) for line in (DATA / "dapo_toy_run.jsonl").read_text().splitlines()]
+    found = raised(rows, "reward model")
+    assert found[0].name == "overoptimization" and found[0].cause
+    assert {"runaway-kl", "repetition"} <= {a.name for a in found}

@@ -28,9 +28,6 @@ class RewardConfig:
     batch_size: int = option("Pairs per gradient step.", 64)
     learning_rate: float = option("Peak AdamW learning rate (cosine decay).", 5e-4)
     min_steps: int = option("At least this many gradient steps: a small preference file gets more epochs.", 100)
-    heldout_fraction: float = option(
-        "Share of a --preferences_file's prompts held out (seeded) to report pairwise accuracy on.", 0.1
-    )
     reward_base: str | None = option(
         "Train the reward model from this model instead of the SFT model: a directory, a .gguf file or smollm2; "
         "it keeps its own tokenizer and scores the policy's replies as text. A causal LM saved with its head and "
@@ -85,7 +82,6 @@ class RewardConfig:
         check(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         check(self.min_steps >= 1, "min_steps", self.min_steps, ">= 1")
         check(self.trainable_layers >= -1, "trainable_layers", self.trainable_layers, ">= -1 (-1: all)")
-        check(0 <= self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in [0, 1), e.g. 0.1")
         check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         check(self.learning_rate > 0, "learning_rate", self.learning_rate, "> 0, e.g. 5e-4")
 

@@ -26,6 +26,8 @@ from typing import Any
 from rlhf_toy.config import non_default
 from rlhf_toy.errors import UserError
 
+from .phrasings import ARITHMETIC_CORES, COUNTDOWN_CORES, WORDS_SHARE, render, split_templates
+
 ANSWER = re.compile(r"Answer:\s*(.+?)\s*$", re.S)  # the text after the last "Answer:" (see `final_answer`)
 INTEGER = re.compile(r"-?\d+")
 FORMAT = re.compile(r"\s*Answer:\s*\S(.*\S)?\s*", re.S)  # the whole reply is one "Answer: ..." line
@@ -36,6 +38,7 @@ class Problem:
     prompt: str
     solution: str  # a right reply, for SFT ("Answer: 936")
     columns: dict[str, Any] = field(default_factory=dict)  # what the checker reads (TRL's extra dataset columns)
+    fields: dict[str, Any] = field(default_factory=dict)  # what a phrasing template shows (`phrasings.py`)
 
 
 def final_answer(completion: str) -> str | None:
@@ -69,12 +72,13 @@ def arithmetic_problem(rng: random.Random, digits: int, operations: list[str]) -
     if op == "-" and b > a:  # keep answers non-negative: the same difficulty without a sign to learn
         a, b = b, a
     answer = str(OPERATIONS[op](a, b))
-    return Problem(f"What is {a} {op} {b}?", f"Answer: {answer}", {"answer": answer})
+    return Problem(f"What is {a} {op} {b}?", f"Answer: {answer}", {"answer": answer}, {"a": a, "b": b, "op": op})
 
 
 def arithmetic_prose(p: Problem) -> str:
     """An arithmetic demonstration as prose ("75 + 80 = 155."): right, but not in the checked form."""
-    return f"{p.prompt.removeprefix('What is ').removesuffix('?')} = {p.columns['answer']}."
+    f = p.fields
+    return f"{f['a']} {f['op']} {f['b']} = {p.columns['answer']}."
 
 
 def with_prose(train: list[Problem], share: float, seed: int, prose: Callable[[Problem], str]) -> list[Problem]:
@@ -83,7 +87,7 @@ def with_prose(train: list[Problem], share: float, seed: int, prose: Callable[[P
     with a checker: the SFT model's most likely reply may be the unchecked style while the checked one is in its
     distribution (DeepSeek-R1's format reward teaches the same thing)."""
     rng = random.Random(f"prose-{seed}")
-    return [Problem(p.prompt, prose(p), p.columns) if rng.random() < share else p for p in train]
+    return [replace(p, solution=prose(p)) if rng.random() < share else p for p in train]
 
 
 def arithmetic_correct(completion: str, answer: str) -> bool:
@@ -168,7 +172,8 @@ def countdown_problem(rng: random.Random, count: int, largest: int) -> Problem:
             target = int(result[0])
             shown = ", ".join(map(str, numbers))
             prompt = f"Make {target} from {shown} with + - * /, each number once."
-            return Problem(prompt, f"Answer: {tidy(text)}", {"numbers": numbers, "target": target})
+            columns = {"numbers": numbers, "target": target}
+            return Problem(prompt, f"Answer: {tidy(text)}", columns, {"target": target, "numbers": numbers})
 
 
 def tidy(expression: str) -> str:
@@ -191,6 +196,7 @@ class CheckableSettings:
     n_eval: int = 1_000
     prose: float = 0.0  # arithmetic: share of SFT demonstrations written as prose, not "Answer: N" (`with_prose`)
     instruction: str = ""  # appended to every prompt (a chat model is told the form the checker reads)
+    phrasings: str = "many"  # many: the task's templates, a quarter held out; one: the canonical template only
 
     def __post_init__(self) -> None:
         if not 1 <= self.digits <= 6:
@@ -200,6 +206,8 @@ class CheckableSettings:
             raise UserError(f"countdown numbers must be 2 to 6 (got {self.numbers}); pass e.g. --numbers 3")
         if not 0 <= self.prose < 1:
             raise UserError(f"prose must be a share in [0, 1) (got {self.prose}); pass e.g. --prose 0.6")
+        if self.phrasings not in ("many", "one"):
+            raise UserError(f"phrasings must be many or one (got {self.phrasings!r}); pass --phrasings many")
 
 
 Check = Callable[..., list[float]]  # TRL's reward signature: (prompts, completions, **columns) -> [B]
@@ -218,6 +226,7 @@ class CheckableTask:
     rewards: tuple[tuple[Check, float], ...]  # (function, weight); the first is correctness
     reads: tuple[str, ...] = ()  # the `CheckableSettings` of its problems (n_train, n_eval, instruction: all)
     prose: Callable[[Problem], str] | None = None  # a right demonstration not in the checked form (`--prose`)
+    templates: Callable[[Problem], tuple[str, ...]] | None = None  # question forms (`phrasings.py`), canonical 1st
 
     @property
     def checker(self) -> Check:
@@ -236,8 +245,9 @@ CHECKABLE_TASKS: dict[str, CheckableTask] = {
             '"What is 47 + 38?" -> "Answer: 85"; --digits per operand, --operations some of + - *',
             lambda rng, s: arithmetic_problem(rng, s.digits, parse_operations(s.operations)),
             ((correctness, 1.0), (format_reward, 0.1)),
-            reads=("digits", "operations", "prose"),
+            reads=("digits", "operations", "prose", "phrasings"),
             prose=arithmetic_prose,
+            templates=lambda p: ARITHMETIC_CORES[p.fields["op"]],
         ),
         CheckableTask(
             "countdown",
@@ -245,7 +255,8 @@ CHECKABLE_TASKS: dict[str, CheckableTask] = {
             "each from 1 to --largest",
             lambda rng, s: countdown_problem(rng, s.numbers, s.largest),
             ((countdown_correctness, 1.0), (format_reward, 0.1)),
-            reads=("numbers", "largest"),
+            reads=("numbers", "largest", "phrasings"),
+            templates=lambda p: COUNTDOWN_CORES,
         ),
     )
 }
@@ -267,10 +278,18 @@ def check_reads(task: CheckableTask, s: CheckableSettings) -> None:
         )
 
 
-@functools.lru_cache(maxsize=4)  # every stage of a run (and a compare's many) draws the same set: draw it once
 def problems(task: str, s: CheckableSettings, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """Train and held-out problems of a checkable task; no held-out prompt is a training prompt. Callers must not
+    """Train and held-out problems of a checkable task; no held-out problem is a training problem, and with
+    `phrasings="many"` every held-out problem is asked in a phrasing no training problem used. Callers must not
     change the lists (they are cached)."""
+    train, held, _ = problem_sets(task, s, seed)
+    return train, held
+
+
+@functools.lru_cache(maxsize=4)  # every stage of a run (and a compare's many) draws the same set: draw it once
+def problem_sets(task: str, s: CheckableSettings, seed: int) -> tuple[list[Problem], list[Problem], list[Problem]]:
+    """(train, held out in held-out phrasings, the same held-out problems in training phrasings). With one phrasing
+    (or a task without templates) the last two are the same problems in the canonical phrasing."""
     record = get_checkable(task)
     check_reads(record, s)
     rng = random.Random(f"{task}-{seed}")
@@ -284,6 +303,27 @@ def problems(task: str, s: CheckableSettings, seed: int) -> tuple[list[Problem],
         raise UserError(f"{task} with these settings has too few distinct problems to hold some out; raise --digits")
     if s.prose > 0 and record.prose is not None:  # (check_reads refused --prose for a task without prose)
         train = with_prose(train, s.prose, seed, record.prose)
+    held_in = held
+    if s.phrasings == "many" and record.templates is not None:
+        train, held, held_in = rephrase(record, train, held, seed)
     if s.instruction:
-        train, held = ([replace(p, prompt=f"{p.prompt} {s.instruction}") for p in ps] for ps in (train, held))
-    return train, held
+        train, held, held_in = (
+            [replace(p, prompt=f"{p.prompt} {s.instruction}") for p in ps] for ps in (train, held, held_in)
+        )
+    return train, held, held_in
+
+
+def rephrase(
+    record: CheckableTask, train: list[Problem], held: list[Problem], seed: int
+) -> tuple[list[Problem], list[Problem], list[Problem]]:
+    """Each training problem asked in a training phrasing, each held-out problem in a held-out phrasing and (the
+    in-template figure) in a training phrasing; the numbers in words for `WORDS_SHARE` of the problems."""
+    assert record.templates is not None
+    rng = random.Random(f"phrase-{record.name}-{seed}")
+
+    def ask(p: Problem, held_out: bool) -> Problem:
+        trained, unseen = split_templates(record.templates(p), seed)  # type: ignore[misc]
+        prompt = render(rng.choice(unseen if held_out else trained), rng, WORDS_SHARE, **p.fields)
+        return replace(p, prompt=prompt)
+
+    return [ask(p, False) for p in train], [ask(p, True) for p in held], [ask(p, False) for p in held]

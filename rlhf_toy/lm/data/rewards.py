@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlhf_toy.errors import UserError, first_line
@@ -36,6 +37,7 @@ class RewardFunctions:
     fns: list[RewardFn]
     weights: list[float]
     columns: dict[str, dict[str, Any]]
+    first_is_checker: bool = False  # the first function returned booleans on the probe: it marks right and wrong
 
     @property
     def column_names(self) -> list[str]:
@@ -151,7 +153,21 @@ def reward_functions(
         check_signature(fn, rf.column_names)
     prompts, replies = [p for p, _ in probe], [r for _, r in probe]
     rf.parts(prompts, replies)
+    raw = fns[0](prompts=prompts, completions=replies, **rf.keyword_columns(prompts))
+    rf.first_is_checker = isinstance(raw, (list, tuple)) and all(isinstance(v, (bool, np.bool_)) for v in raw)
     return rf
+
+
+def correctness_judge(rf: RewardFunctions, correct_at: float) -> Callable[[list[str], list[str]], list[float]]:
+    """A gold checker from the first reward function: a reply is right (1.0) where its value is >= `correct_at`,
+    else wrong (0.0); what accuracy, pass@1 and pass@k count."""
+    first = rf.fns[0]
+
+    def judge(prompts: list[str], completions: list[str]) -> list[float]:
+        values = call(first, prompts, completions, rf.keyword_columns(prompts))
+        return [float(v >= correct_at) for v in values]
+
+    return judge
 
 
 def load_reward_functions(

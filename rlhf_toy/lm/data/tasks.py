@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import codecs
 import inspect
+import math
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,16 @@ import torch
 from rlhf_toy.errors import UserError, first_line
 
 from . import helpdesk
-from .checkable import CHECKABLE_TASKS, CheckableSettings, get_checkable, problems
-from .rewards import RewardFn, RewardFunctions, import_callable, load_reward_functions, parse_weights, reward_functions
+from .checkable import CHECKABLE_TASKS, CheckableSettings, get_checkable, problem_sets
+from .rewards import (
+    RewardFn,
+    RewardFunctions,
+    correctness_judge,
+    import_callable,
+    load_reward_functions,
+    parse_weights,
+    reward_functions,
+)
 from .scores import check_scores
 
 Judge = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> gold scores
@@ -49,6 +58,10 @@ class Task:
     entropy_floor_nats: float | None = None  # H(response | prompt) per response, if known
     reward: RewardFunctions | None = None  # a program reward (checkable tasks, --reward_fn): no reward model
     checkable: bool = False  # the gold judge marks replies right (1) or wrong (0): accuracy metrics apply
+    # Other held-out prompt sets, evaluated beside `eval` (a checkable task's held-out problems in its training
+    # phrasings: the in-template figure beside the held-out phrasings'), by name
+    extra_evals: dict[str, list[str]] = field(default_factory=dict)
+    eval_name: str = "held-out"  # what `eval` is, as the evaluation's table names it
 
     def is_on_topic(self, prompt: str, response: str) -> bool:
         return (self.topic_rule or on_topic)(prompt, response)
@@ -195,8 +208,9 @@ def load_pairs(
     path: str, eval_fraction: float = 0.1, seed: int = 0, prompts_only: bool = False
 ) -> tuple[Pairs, Pairs, dict[str, dict[str, Any]]]:
     """(prompt, response) pairs from a JSONL/CSV/parquet file (`prompt` + `response`, or `prompt` + `chosen`), split
-    into train and held-out by prompt, and each prompt's other columns. `prompts_only` (a reward program needs no
-    replies): a file without a response column gives empty responses."""
+    into train and held-out by prompt (a seeded `eval_fraction` of the prompts; 0: all train, none held out), and
+    each prompt's other columns. `prompts_only` (a reward program needs no replies): a file without a response
+    column gives empty responses."""
     ds = load_table(path)
     cols = set(ds.column_names)
     resp_col = "response" if "response" in cols else "chosen" if "chosen" in cols else None
@@ -221,6 +235,8 @@ def load_pairs(
         raise UserError(f"{path} holds no non-empty (prompt, response) rows")
     prompts = sorted(set(p for p, _ in pairs))
     random.Random(seed).shuffle(prompts)
+    if eval_fraction == 0:
+        return pairs, [], columns
     held = set(prompts[: max(1, int(len(prompts) * eval_fraction))]) if len(prompts) > 1 else set()
     return [x for x in pairs if x[0] not in held], [x for x in pairs if x[0] in held] or pairs[:1], columns
 
@@ -271,8 +287,8 @@ def checkable_task(name: str, settings: CheckableSettings, seed: int) -> Task:
     """A checkable task from its record (`checkable.CHECKABLE_TASKS`): generated problems, its reward functions
     and weights, and correctness as the gold judge."""
     record = get_checkable(name)
-    train, held = problems(name, settings, seed)
-    columns = {p.prompt: p.columns for p in train + held}
+    train, held, held_in = problem_sets(name, settings, seed)
+    columns = {p.prompt: p.columns for p in train + held + held_in}
     fns: list[RewardFn] = [fn for fn, _ in record.rewards]
     weights = [w for _, w in record.rewards]
     reward = reward_functions(fns, weights, columns, [(train[0].prompt, train[0].solution)])
@@ -282,10 +298,42 @@ def checkable_task(name: str, settings: CheckableSettings, seed: int) -> Task:
         return list(checker(prompts, responses, **reward.keyword_columns(prompts)))
 
     pairs = lambda ps: [(p.prompt, p.solution) for p in ps]  # noqa: E731
-    return Task(name, pairs(train), pairs(held), judge, reward=reward, checkable=True)
+    many = held_in is not held
+    extra = {"training phrasings": [p.prompt for p in held_in]} if many else {}
+    return Task(
+        name, pairs(train), pairs(held), judge, reward=reward, checkable=True, extra_evals=extra,
+        eval_name="held-out phrasings" if many else "held-out",
+    )  # fmt: skip
 
 
 TASKS = ("helpdesk", "helpdesk-chat", "chatterbot", *CHECKABLE_TASKS)
+
+
+def check_data_flags(
+    data: str | None,
+    reward_fn: str | None,
+    judge: str | None,
+    eval_data: str | None,
+    heldout_fraction: float,
+    correct_at: float | None,
+) -> None:
+    """The settings of a user's prompt file are refused where they would be ignored."""
+    if data is not None and not eval_data and not 0 < heldout_fraction < 1:
+        raise UserError(
+            f"heldout_fraction must be in (0, 1) (got {heldout_fraction}) for a --data file; pass e.g. "
+            "--heldout_fraction 0.1, or --eval_data FILE to hold out a file of its own"
+        )
+    if data is None and eval_data:
+        raise UserError("--eval_data is the held-out set of a --data file; pass --data too (or drop it)")
+    if eval_data and heldout_fraction != 0.1:
+        raise UserError("--eval_data is the held-out set, so nothing of --data is held out; drop --heldout_fraction")
+    if correct_at is not None and (data is None or reward_fn is None or judge is not None):
+        raise UserError(
+            "--correct_at marks a reply right by the first --reward_fn of a --data file (with no --judge, which "
+            "would be the gold); pass --data and --reward_fn, or drop it"
+        )
+    if correct_at is not None and not math.isfinite(correct_at):
+        raise UserError(f"correct_at must be a finite number (got {correct_at}); pass e.g. --correct_at 1.0")
 
 
 def get_task(
@@ -296,13 +344,30 @@ def get_task(
     reward_fn: str | None = None,
     reward_weights: str | None = None,
     checkable: CheckableSettings | None = None,
+    eval_data: str | None = None,
+    heldout_fraction: float = 0.1,
+    correct_at: float | None = None,
 ) -> Task:
     """The task by name (`TASKS`) or, with `data`, your own pairs (and `judge`); `reward_fn` (TRL-style functions,
-    `rewards.py`) makes the reward a program instead of a reward model."""
+    `rewards.py`) makes the reward a program instead of a reward model. With `data`: `eval_data` is a separate file
+    of held-out prompts (else a seeded `heldout_fraction` of the file's prompts is held out), and `correct_at` (or a
+    first reward function that returns booleans) marks replies right, so the evaluation reports accuracy, pass@1
+    and pass@k."""
     if reward_weights and not reward_fn and name not in CHECKABLE_TASKS:
         raise UserError("--reward_weights weighs --reward_fn functions; pass --reward_fn too")
+    check_data_flags(data, reward_fn, judge, eval_data, heldout_fraction, correct_at)
     if data is not None:
-        train, evals, columns = load_pairs(data, seed=seed, prompts_only=reward_fn is not None)
+        only = reward_fn is not None
+        train, evals, columns = load_pairs(data, 0.0 if eval_data else heldout_fraction, seed, only)
+        if eval_data:
+            evals, _, held_columns = load_pairs(eval_data, 0.0, seed, only)
+            shared = sorted({p for p, _ in evals} & {p for p, _ in train})
+            if shared:
+                raise UserError(
+                    f"{eval_data} shares {len(shared)} prompt(s) with {data} (e.g. {shared[0][:60]!r}); held-out "
+                    "prompts must not be trained on: remove them from one file"
+                )
+            columns = {**columns, **held_columns}
         task = Task(Path(data).stem, train, evals, load_judge(judge) if judge else vader_judge())
     elif name == "helpdesk":
         task = helpdesk_task(seed=seed)
@@ -327,6 +392,9 @@ def get_task(
         task.reward = load_reward_functions(reward_fn, reward_weights, columns, probe)
         if data is not None and not judge:  # the program is the only judge there is
             task.judge = task.reward
+            if correct_at is not None or task.reward.first_is_checker:  # it says what is right: accuracy applies
+                task.judge = correctness_judge(task.reward, 0.5 if correct_at is None else correct_at)
+                task.checkable = True
     elif reward_weights and task.reward is not None:
         task.reward.weights = parse_weights(reward_weights, len(task.reward.fns))
     return task

@@ -124,6 +124,12 @@ def evaluate_policy(
     }
     if task.checkable:
         row.update(checkable_metrics(model, tok, task, prompts, pass_k, temperature, max_new_tokens, seed))
+        # the same held-out problems in the phrasings trained on: the in-template figure, beside the headline's
+        row["eval_set"] = task.eval_name
+        row["extra_accuracy"] = {
+            name: greedy_accuracy(model, tok, task, ps[: len(prompts)], max_new_tokens)
+            for name, ps in task.extra_evals.items()
+        }
     return row
 
 
@@ -238,11 +244,19 @@ def checkable_table(rows: list[dict[str, Any]]) -> list[list[str]]:
             continue
         diff = np.asarray(r["accuracy_scores"]) - np.asarray(rows[0]["accuracy_scores"])
         length = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+        extra = []
+        for name, scores in r.get("extra_accuracy", {}).items():
+            gain = np.asarray(scores) - np.asarray(rows[0]["extra_accuracy"][name])
+            extra += [
+                f"{np.mean(scores):.3f} ± {standard_error(scores):.3f}",
+                "-" if r is rows[0] else format_gain(float(gain.mean()), standard_error(gain)),
+            ]
         out.append(
             [
                 r["name"],
                 f"{r['accuracy']:.3f} ± {r['accuracy_se']:.3f}",
                 "-" if r is rows[0] else format_gain(float(diff.mean()), standard_error(diff)),
+                *extra,
                 f"{r['pass@1']:.3f}",
                 f"{r['pass@k']:.3f}",
                 length(r["length_right"]),
@@ -268,8 +282,13 @@ def checked_columns(k: int) -> list[str]:
     ]
 
 
-def checkable_head(k: int) -> list[str]:
-    return ["model", "greedy accuracy ± s.e.", "gain over the first row ± paired s.e.", *checked_columns(k)]
+def checkable_head(k: int, eval_name: str = "held-out", extra: tuple[str, ...] = ()) -> list[str]:
+    """The checkable table's columns: greedy accuracy and its paired gain on the headline set (`eval_name`), then
+    on each other set (`extra`: the same problems in the training phrasings), then the sampled figures."""
+    sets = [
+        (f"greedy accuracy, {n} ± s.e.", f"gain over the first row, {n} ± paired s.e.") for n in (eval_name, *extra)
+    ]
+    return ["model", *[c for pair in sets for c in pair], *checked_columns(k)]
 
 
 def evaluation_table(rows: list[dict[str, Any]]) -> str:
@@ -314,7 +333,10 @@ def evaluation_table(rows: list[dict[str, Any]]) -> str:
     checkable = [r for r in rows if "accuracy" in r]
     if checkable and checkable[0] is rows[0]:
         out += "\nChecked answers (greedy, and k replies per prompt at the sampling temperature):\n\n"
-        out += markdown_table(checkable_head(rows[0]["k"]), checkable_table(rows))
+        extra = tuple(rows[0].get("extra_accuracy", {}))
+        out += markdown_table(
+            checkable_head(rows[0]["k"], rows[0].get("eval_set", "held-out"), extra), checkable_table(rows)
+        )
     for r in rows:
         out += f"\n**{r['name']}**\n\n" + "".join(f"- {s['prompt']} -> {s['response']}\n" for s in r["samples"])
     return out

@@ -138,11 +138,11 @@ def train_reward(run: RunConfig, cfg: RewardConfig, lora: LoraConfig | None = No
         )
     pairs = rd.load_preferences(run.preferences_file)
     held_pairs = None
-    if run.preferences_file and cfg.heldout_fraction > 0:  # a user's file: hold out a seeded share of its prompts
-        pairs, held_pairs = split_pairs(pairs, cfg.heldout_fraction, run.seed)
+    if run.preferences_file and run.heldout_fraction > 0:  # a user's file: hold out a seeded share of its prompts
+        pairs, held_pairs = split_pairs(pairs, run.heldout_fraction, run.seed)
         if not held_pairs["prompt"] or not pairs["prompt"]:
             raise UserError(
-                f"{run.preferences_file} has too few prompts to hold out {cfg.heldout_fraction:.0%} of "
+                f"{run.preferences_file} has too few prompts to hold out {run.heldout_fraction:.0%} of "
                 "them; add pairs or pass --heldout_fraction 0"
             )
     # Normalize on reference samples (one SFT sample per prompt) when the preferences stage wrote them; on a

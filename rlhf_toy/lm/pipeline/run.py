@@ -14,6 +14,7 @@ import transformers
 
 from rlhf_toy.config import check, check_seed, option
 from rlhf_toy.distributed import COLLECTIVE_TIMEOUT_S, barrier, init_distributed, is_main
+from rlhf_toy.errors import UserError
 from rlhf_toy.io import check_no_readers
 from rlhf_toy.seeding import seed_everything
 
@@ -46,6 +47,21 @@ class RunConfig:
         "reach the reward functions).",
         None,
     )
+    eval_data: str | None = option(
+        "With --data: a separate file of held-out prompts (same columns) to evaluate on; nothing of --data is then "
+        "held out.",
+        None,
+    )
+    heldout_fraction: float = option(
+        "The share of a user's file's prompts held out (seeded): of a --data file for evaluation, in (0, 1); of a "
+        "--preferences_file for the reward model's pairwise accuracy, in [0, 1).",
+        0.1,
+    )
+    correct_at: float | None = option(
+        "With --data and --reward_fn: a reply is right where the first function's value is >= this (a first "
+        "function that returns booleans says so itself); the evaluation then reports accuracy, pass@1 and pass@k.",
+        None,
+    )
     reward_fn: str | None = option(
         "Reward as a program instead of a reward model: comma-separated module:function, each with TRL's "
         "signature f(prompts, completions, **columns) -> list[float].",
@@ -65,6 +81,12 @@ class RunConfig:
     )
     instruction: str = option(
         "Checkable tasks: text appended to every prompt (tells a chat model the form the checker reads).", ""
+    )
+    phrasings: str = option(
+        "Checkable tasks: many (each problem asked in one of a few dozen phrasings, numbers in digits or words; a "
+        "quarter of the phrasings held out from SFT and RL, the evaluation's headline) or one (the canonical "
+        "'What is 47 + 38?' only).",
+        "many",
     )
     preferences_file: str | None = option(
         "Your own preference file (prompt/chosen/rejected) for the reward stage.", None
@@ -118,6 +140,11 @@ class RunConfig:
             self.max_train_pairs,
             ">= 1 (or None: all)",
         )
+        check(0 <= self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in [0, 1), e.g. 0.1")
+        if self.heldout_fraction != 0.1 and self.data is None and self.preferences_file is None:
+            raise UserError(
+                "--heldout_fraction holds out part of a user's file; pass --data or --preferences_file (or drop it)"
+            )
         self.checkable  # noqa: B018  the checkable task's settings, checked here once
 
     @property
@@ -146,8 +173,9 @@ class RunConfig:
         self.torch_device  # noqa: B018  a missing GPU is an error before any work; joins torchrun's group
         seed_everything(self.seed, self.threads)
         task = get_task(
-            self.task, self.data, self.judge, self.seed, self.reward_fn, self.reward_weights, self.checkable
-        )
+            self.task, self.data, self.judge, self.seed, self.reward_fn, self.reward_weights, self.checkable,
+            self.eval_data, self.heldout_fraction, self.correct_at,
+        )  # fmt: skip
         if self.max_train_pairs is not None:
             task.train = task.train[: self.max_train_pairs]
         return task
