@@ -164,7 +164,9 @@ def read_jsonl(
                 f"{path}, line {i}, is not a JSON object ({line[:60]!r}); fix or delete that line"
             ) from None
         step = row.get("step", 0)
-        if steps and (isinstance(step, bool) or not isinstance(step, int)):
+        # a whole number: an int, or a float such as 3.0 (the ranks' mean that a torchrun run logs)
+        whole = isinstance(step, int) or (isinstance(step, float) and step.is_integer())
+        if steps and (isinstance(step, bool) or not whole):
             raise UserError(f"{path}, line {i}: 'step' is {step!r}, not an integer; fix or delete that line")
         rows.append(row)
     return rows

@@ -284,9 +284,11 @@ def test_the_report_page_renders_its_alarms_in_a_browser(alarm_runs, browser, ar
     (crafted / "metrics.jsonl").write_text(json.dumps({"step": 1, "objective/score": 1.0}) + "\n")
     sample = {"prompt": "hi", "response": "Sure" * 400, "score": 1.0, "gold": None, "kl": 0.5, "tokens": 32}
     (crafted / "samples.jsonl").write_text(json.dumps({"step": 1, "samples": [sample]}) + "\n")
-    page.set_content(render([RunRecord.load(crafted)], "crafted"))
-    assert page.evaluate("document.documentElement.scrollWidth") <= 1200
-    assert page.locator("#samples td", has_text="n/a").count() == 1
+    other = browser.new_page(viewport={"width": 1200, "height": 900})
+    other.set_content(render([RunRecord.load(crafted)], "crafted"))
+    assert other.evaluate("document.documentElement.scrollWidth") <= 1200
+    cells = other.eval_on_selector_all("#samples td", "els => els.map(e => e.textContent)")
+    assert cells[5] == "n/a" and cells[3].startswith("SureSure"), cells[:8]
     page.goto((alarm_runs / "collapse" / "report.html").as_uri())
     page.screenshot(path=str(artifacts / "report-page.png"), full_page=True)
     assert not problems, problems

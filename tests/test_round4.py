@@ -337,3 +337,14 @@ def test_a_gpt2_lora_run_prints_no_library_warnings(run_copy):
     p = subprocess.run([*cmd[:-4], "--resume", "--lora_r", "0"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode == 2 and "Warning" not in p.stderr, p.stderr[-2000:]
     assert p.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_a_whole_float_step_from_torchrun_is_still_a_step(tmp_path):
+    """Under torchrun the logged row is the ranks' mean, so `step` is 3.0: a whole number, read as a step."""
+    from rlhf_toy.logging import read_jsonl
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1.0}\n{"step": 2.0, "x": 1}\n')
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl", steps=True)] == [1.0, 2.0]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1.5}\n')
+    with pytest.raises(UserError, match="'step' is 1.5, not an integer"):
+        read_jsonl(tmp_path / "metrics.jsonl", steps=True)

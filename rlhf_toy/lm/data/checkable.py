@@ -227,6 +227,7 @@ class CheckableTask:
     reads: tuple[str, ...] = ()  # the `CheckableSettings` of its problems (n_train, n_eval, instruction: all)
     prose: Callable[[Problem], str] | None = None  # a right demonstration not in the checked form (`--prose`)
     templates: Callable[[Problem], tuple[str, ...]] | None = None  # question forms (`phrasings.py`), canonical 1st
+    words: float = WORDS_SHARE  # share of problems asked with their numbers in words (0: always digits)
 
     @property
     def checker(self) -> Check:
@@ -257,6 +258,7 @@ CHECKABLE_TASKS: dict[str, CheckableTask] = {
             ((countdown_correctness, 1.0), (format_reward, 0.1)),
             reads=("numbers", "largest", "phrasings"),
             templates=lambda p: COUNTDOWN_CORES,
+            words=0.0,  # four numbers in words would not fit the tiny model's 64-token context
         ),
     )
 }
@@ -317,13 +319,13 @@ def rephrase(
     record: CheckableTask, train: list[Problem], held: list[Problem], seed: int
 ) -> tuple[list[Problem], list[Problem], list[Problem]]:
     """Each training problem asked in a training phrasing, each held-out problem in a held-out phrasing and (the
-    in-template figure) in a training phrasing; the numbers in words for `WORDS_SHARE` of the problems."""
+    in-template figure) in a training phrasing; the numbers in words for the record's share of the problems."""
     assert record.templates is not None
     rng = random.Random(f"phrase-{record.name}-{seed}")
 
     def ask(p: Problem, held_out: bool) -> Problem:
         trained, unseen = split_templates(record.templates(p), seed)  # type: ignore[misc]
-        prompt = render(rng.choice(unseen if held_out else trained), rng, WORDS_SHARE, **p.fields)
+        prompt = render(rng.choice(unseen if held_out else trained), rng, record.words, **p.fields)
         return replace(p, prompt=prompt)
 
     return [ask(p, False) for p in train], [ask(p, True) for p in held], [ask(p, False) for p in held]

@@ -100,8 +100,9 @@ def in_words(n: int) -> str:
 
 def render(template: str, rng: random.Random, words_share: float, **numbers: Any) -> str:
     """`template` with its numbers, in words for `words_share` of the problems (all of one problem's numbers
-    alike), else in digits."""
-    words = rng.random() < words_share
+    alike; only where every number is below 1000, so that a prompt stays short), else in digits."""
+    ints = [x for v in numbers.values() for x in (v if isinstance(v, list) else [v]) if isinstance(x, int)]
+    words = rng.random() < words_share and all(abs(x) < 1000 for x in ints)
 
     def show(n: int) -> str:
         return in_words(n) if words else str(n)

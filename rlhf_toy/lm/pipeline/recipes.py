@@ -147,7 +147,10 @@ SMOLLM2_ARITHMETIC_EVAL = EvalConfig(
 REASONING_REPLY_TOKENS = 16  # "123 + 456 = 579." is 16 tokens with one token per digit; "Answer: 579" is 7
 REASONING_RUN = {"task": "arithmetic", "prose": 0.8, "run_dir": "runs/arithmetic"}  # the command's defaults
 REASONING_SFT = SFTConfig(
-    epochs=4,  # the arithmetic itself is learned here (pass@8 near 1); the checked form is left to RL
+    # The arithmetic and the reading of many phrasings are learned here; the checked form is left to RL. Four epochs
+    # sufficed for the one canonical phrasing (pass@8 0.81); many phrasings need more (measured: 4 and 6 epochs
+    # left pass@8 on held-out phrasings at 0.03-0.04, 12 reached 0.54).
+    epochs=8,
     sample_tokens=REASONING_REPLY_TOKENS,
 )
 REASONING_RL = RLHFConfig(

@@ -108,7 +108,10 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
             history = train_sft(model, tok, train_ids, eval_ids, cfg, run.seed, run.progress)
     torch.manual_seed(run.seed)
     prompts = task.eval_prompts[: cfg.sample_prompts]
-    s = sample(model, tok, prompts, max_new_tokens=min(context // 2, cfg.sample_tokens))
+    # as long as asked, within half the context and within what the longest sampled prompt leaves (check_fits
+    # above leaves at least 4 tokens)
+    room = context - max(len(ids) for ids in encode_prompts(tok, prompts)) - 1
+    s = sample(model, tok, prompts, max_new_tokens=max(1, min(context // 2, cfg.sample_tokens, room)))
     floor = entropy_floor(task, eval_ids) if cfg.epochs > 0 else None
     metrics = {
         "stage": "sft",
