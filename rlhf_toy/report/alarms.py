@@ -261,8 +261,9 @@ def length_exploitation(rows: Rows) -> Finding | None:
 
 
 def update_spike(rows: Rows) -> Finding | None:
-    """A step whose clip fraction is over 0.3 or approx KL over 0.1, and 10x the run's median."""
-    for keys, limit, what in ((CLIP_FRACTION, 0.3, "clip fraction"), (APPROX_KL, 0.1, "approx KL")):
+    """A step whose clip fraction is over 0.3 or approx KL over 0.2, and 10x the run's median. (The healthy runs
+    of tests/data/healthy reach at most 0.107 approx KL in one update, the `reasoning` recipe's last step.)"""
+    for keys, limit, what in ((CLIP_FRACTION, 0.3, "clip fraction"), (APPROX_KL, 0.2, "approx KL")):
         s = series(rows, keys)
         if s is None:
             continue
@@ -458,7 +459,7 @@ ALARMS: tuple[Alarm, ...] = (
         "The clip fraction or the approximate KL of one update spiked: the learning rate or the number of epochs "
         "is too large for this batch, and the trust region PPO relies on no longer holds.",
         update_spike,
-        more="One update's clip fraction was over 0.3, or its approximate KL over 0.1, and ten times the run's "
+        more="One update's clip fraction was over 0.3, or its approximate KL over 0.2, and ten times the run's "
         "median. Lower --learning_rate, use fewer --n_epochs, or set --target_kl.",
     ),
     Alarm(

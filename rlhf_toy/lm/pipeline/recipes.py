@@ -148,9 +148,10 @@ REASONING_REPLY_TOKENS = 16  # "123 + 456 = 579." is 16 tokens with one token pe
 REASONING_RUN = {"task": "arithmetic", "prose": 0.8, "run_dir": "runs/arithmetic"}  # the command's defaults
 REASONING_SFT = SFTConfig(
     # The arithmetic and the reading of many phrasings are learned here; the checked form is left to RL. Four epochs
-    # sufficed for the one canonical phrasing (pass@8 0.81); many phrasings need more (measured: 4 and 6 epochs
-    # left pass@8 on held-out phrasings at 0.03-0.04, 12 reached 0.54).
-    epochs=8,
+    # sufficed for the one canonical phrasing (pass@8 0.81). Many phrasings need more, and the reading is learned
+    # abruptly (measured on seed 0, 2026-12-06: 12 epochs, held-out loss falling to 0.55, pass@8 on held-out
+    # phrasings 0.54; 8 epochs, whose faster decay stopped before it, loss 1.43 and pass@8 0.12).
+    epochs=12,
     sample_tokens=REASONING_REPLY_TOKENS,
 )
 REASONING_RL = RLHFConfig(
