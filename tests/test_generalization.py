@@ -170,6 +170,7 @@ def test_a_users_prompt_files_and_checker_get_the_checkable_evaluation(tmp_path)
     run = tmp_path / "run"
     assert stage("tokenizer", run, *flags) == 0
     assert stage("sft", run, *flags, "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--epochs", "1") == 0
+    assert json.loads((run / "sft.json").read_text())["eval_loss"] is None  # the eval file has no replies to score
     grpo = ["--steps", "2", "--batch_size", "8", "--minibatch_size", "8", "--max_new_tokens", "6"]
     assert stage("grpo", run, *flags, *grpo) == 0
     assert stage("evaluate", run, *flags, "--policies", "grpo", "--best_of", "", "--pass_k", "4") == 0

@@ -76,12 +76,12 @@ def lm_loss(model, ids: Tensor, mask: Tensor, labels: Tensor) -> tuple[Tensor, i
 
 @torch.no_grad()
 def mean_response_loss(model, pairs_ids: PairIds, pad_id: int, batch_size: int = 256) -> float:
-    """Mean loss per response token (nats), EOS included."""
+    """Mean loss per response token (nats), EOS included; NaN for no pairs (nothing to measure)."""
     total, count = 0.0, 0
     for ids, mask, labels in sft_batches(pairs_ids, batch_size, pad_id, None, shuffle=False):
         loss, n = lm_loss(model, ids, mask, labels)
         total, count = total + loss.item(), count + n
-    return total / max(count, 1)
+    return total / count if count else float("nan")
 
 
 def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:

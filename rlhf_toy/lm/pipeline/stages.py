@@ -103,7 +103,8 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
     train_ids, dropped, history = [], 0, {"eval_loss": [None]}
     if cfg.epochs > 0:
         train_ids, dropped = encode_pairs(tok, task.train, context)
-        eval_ids, _ = encode_pairs(tok, task.eval, context)
+        # a held-out prompt file without replies (--eval_data for a reward program) has no loss to measure
+        eval_ids, _ = encode_pairs(tok, [(p, r) for p, r in task.eval if r], context)
         with autocast(run.torch_device):
             history = train_sft(model, tok, train_ids, eval_ids, cfg, run.seed, run.progress)
     torch.manual_seed(run.seed)
@@ -118,7 +119,7 @@ def stage_sft(run: RunConfig, model_cfg: ModelConfig, cfg: SFTConfig) -> dict[st
         "params": sum(p.numel() for p in model.parameters()),
         "train_pairs": len(train_ids),
         "dropped_pairs_too_long": dropped,
-        "eval_loss": history["eval_loss"][-1],
+        "eval_loss": None if history["eval_loss"][-1] != history["eval_loss"][-1] else history["eval_loss"][-1],
         "entropy_floor": floor,
         "loss_over_floor": None if floor is None else history["eval_loss"][-1] / floor,
         "gold_mean": sum(task.judge(s.prompts, s.texts)) / len(prompts),
