@@ -186,6 +186,9 @@ def overoptimization(rows: Rows) -> Finding | None:
     return None
 
 
+RUNAWAY_KL, RUNAWAY_KL_PER_TOKEN = 30.0, 2.0
+
+
 def runaway_kl(rows: Rows) -> Finding | None:
     """The KL to the reference past `RUNAWAY_KL_PER_TOKEN` nats per reply token and `RUNAWAY_KL` per reply (moving
     averages): no longer the model it started from. A healthy run of this project's presets stays under 1.2 nats
@@ -206,9 +209,6 @@ def runaway_kl(rows: Rows) -> Finding | None:
         f"KL's moving average reached {km[i]:.3g} nats per reply ({per_token[i]:.2g} per token; it started at "
         f"{km[0]:.3g}) and peaked at {km.max():.3g}",
     )
-
-
-RUNAWAY_KL, RUNAWAY_KL_PER_TOKEN = 30.0, 2.0
 
 
 def unsolved_equal_groups(rows: Rows) -> Finding | None:

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_text, read_json
 from rlhf_toy.logging import read_jsonl
 
-from .alarms import ALARMS, REWARD_KINDS, Raised, raised
+from .alarms import ALARMS, REWARD_KINDS, raised
 
 PHASES = ("sample", "reward", "policy_forward", "reference_forward", "update")  # the trainer's PhaseClock
 # (title, keys): a chart draws the first key each run logs of every group; runs are overlaid.
@@ -138,12 +138,6 @@ def settings_table(run: RunRecord) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (not r["differs"], r["key"]))
 
 
-def _alarm(a: Raised) -> dict[str, Any]:
-    """An alarm as the page shows it: every text embedded (an installed package has no docs folder to link to)."""
-    return {"name": a.name, "title": a.title, "step": a.step, "detail": a.detail, "explanation": a.explanation,
-            "more": a.more, "severity": a.severity, "cause": a.cause}  # fmt: skip
-
-
 def report_data(runs: list[RunRecord], title: str) -> dict[str, Any]:
     return {
         "title": title,
@@ -155,7 +149,8 @@ def report_data(runs: list[RunRecord], title: str) -> dict[str, Any]:
                 "path": str(r.path),
                 "steps": len(r.rows),
                 "last_step": r.rows[-1].get("step") if r.rows else None,
-                "alarms": [_alarm(a) for a in raised(r.rows, r.reward_kind)],
+                # every text embedded: an installed package has no docs folder to link to
+                "alarms": [asdict(a) for a in raised(r.rows, r.reward_kind)],
                 "settings": settings_table(r),
                 "samples": [{"step": s.get("step"), **x} for s in r.samples for x in s.get("samples", [])],
             }

@@ -60,17 +60,27 @@ class RewardFunctions:
         return [sum(w * p[i] for w, p in zip(self.weights, parts)) for i in range(len(completions))]
 
 
-def call(fn: RewardFn, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> list[float]:
-    """`fn` on one batch, as TRL calls it (keywords), its output checked: one finite number per completion."""
-    name = function_name(fn)
+def invoke(fn: RewardFn, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Any:
+    """`fn` on one batch, as TRL calls it (keywords): what it returned, unchecked; a raise is one `UserError`."""
     try:
-        out = fn(prompts=prompts, completions=completions, **columns)
+        return fn(prompts=prompts, completions=completions, **columns)
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"reward function {name} raised {type(exc).__name__}: {exc}; fix the function") from None
-    # float64: the values themselves, checked (a weighted sum of parts follows)
-    return check_scores(out, len(completions), f"reward function {name}", "completion", torch.float64).tolist()
+        raise UserError(
+            f"reward function {function_name(fn)} raised {type(exc).__name__}: {exc}; fix the function"
+        ) from None
+
+
+def checked(fn: RewardFn, out: Any, n: int) -> list[float]:
+    """`fn`'s output on `n` completions, checked: one finite number per completion (float64: the values themselves;
+    a weighted sum of parts follows)."""
+    return check_scores(out, n, f"reward function {function_name(fn)}", "completion", torch.float64).tolist()
+
+
+def call(fn: RewardFn, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> list[float]:
+    """`fn` on one batch, its output checked."""
+    return checked(fn, invoke(fn, prompts, completions, columns), len(completions))
 
 
 def import_callable(spec: str, what: str, example: str, takes: str = "") -> Callable[..., Any]:
@@ -152,9 +162,12 @@ def reward_functions(
     for fn in fns:
         check_signature(fn, rf.column_names)
     prompts, replies = [p for p, _ in probe], [r for _, r in probe]
-    rf.parts(prompts, replies)
-    raw = fns[0](prompts=prompts, completions=replies, **rf.keyword_columns(prompts))
-    rf.first_is_checker = isinstance(raw, (list, tuple)) and all(isinstance(v, (bool, np.bool_)) for v in raw)
+    kw = rf.keyword_columns(prompts)
+    raw = []  # each function called once on the probe, and checked before the next is called
+    for fn in fns:
+        raw.append(invoke(fn, prompts, replies, kw))
+        checked(fn, raw[-1], len(replies))
+    rf.first_is_checker = isinstance(raw[0], (list, tuple)) and all(isinstance(v, (bool, np.bool_)) for v in raw[0])
     return rf
 
 

@@ -235,6 +235,16 @@ def format_gain(gain: float, se: float) -> str:
     return f"{gain:+.3f} ± {se:.3f}{ratio}"
 
 
+def accuracy_cells(scores: list[float], reference: list[float], first: bool) -> list[str]:
+    """Greedy accuracy ± s.e. of per-prompt `scores`, and its gain over `reference` (the same prompts) ± paired s.e.
+    ("-" for the first row, the reference itself)."""
+    gain = np.asarray(scores) - np.asarray(reference)
+    return [
+        f"{np.mean(scores):.3f} ± {standard_error(scores):.3f}",
+        "-" if first else format_gain(float(gain.mean()), standard_error(gain)),
+    ]
+
+
 def checkable_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     """The checkable figures of the rows that have them, as table rows (`CHECKABLE_HEAD`); the first row is the
     reference of the paired gain in greedy accuracy."""
@@ -242,20 +252,17 @@ def checkable_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     for r in rows:
         if "accuracy" not in r:
             continue
-        diff = np.asarray(r["accuracy_scores"]) - np.asarray(rows[0]["accuracy_scores"])
         length = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
-        extra = []
-        for name, scores in r.get("extra_accuracy", {}).items():
-            gain = np.asarray(scores) - np.asarray(rows[0]["extra_accuracy"][name])
-            extra += [
-                f"{np.mean(scores):.3f} ± {standard_error(scores):.3f}",
-                "-" if r is rows[0] else format_gain(float(gain.mean()), standard_error(gain)),
-            ]
+        first = r is rows[0]
+        extra = [
+            cell
+            for name, scores in r.get("extra_accuracy", {}).items()
+            for cell in accuracy_cells(scores, rows[0]["extra_accuracy"][name], first)
+        ]
         out.append(
             [
                 r["name"],
-                f"{r['accuracy']:.3f} ± {r['accuracy_se']:.3f}",
-                "-" if r is rows[0] else format_gain(float(diff.mean()), standard_error(diff)),
+                *accuracy_cells(r["accuracy_scores"], rows[0]["accuracy_scores"], first),
                 *extra,
                 f"{r['pass@1']:.3f}",
                 f"{r['pass@k']:.3f}",
