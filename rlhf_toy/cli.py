@@ -42,7 +42,8 @@ class Command:
     `prints` a summary dict that is printed as one JSON line. `positional` names a list flag that the arguments
     before the first flag fill (`report A B` = `report --runs A B`). `unread` maps the fields of its configs that
     this command does not read to why: such a flag is refused with one line (never ignored) and left out of
-    `--help` and the reference page.
+    `--help` and the reference page. `choose` names a function of the arguments that returns the command to run
+    instead (`agent`: its defaults are those of the algorithm and environment its flags name).
     """
 
     help: str
@@ -53,6 +54,7 @@ class Command:
     unread: Mapping[str, str] = field(default_factory=dict)
     extra: tuple[Any, ...] = ()
     prints: bool = False
+    choose: Ref | None = None  # `(args) -> Command`: the command for these arguments (defaults named by a flag)
 
     def load(self) -> tuple[tuple[type, ...], Callable[..., Any], Any]:
         """`(config classes, function, defaults)`, imported."""
@@ -87,6 +89,8 @@ def dispatch(prog: str, commands: dict[str, Command | Group], argv: Sequence[str
         bare = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
         if bare:
             args = [f"--{cmd.positional}", *args]
+    if cmd.choose is not None:
+        cmd = resolve(cmd.choose)(args)
     classes, run, defaults = cmd.load()
     configs = parse_configs(
         classes, args, prog=f"{prog} {argv[0]}", help=cmd.help, defaults=defaults, unread=cmd.unread

@@ -190,6 +190,7 @@ HELD: set[Path] = set()  # the folders whose output lock this process holds
 # The kinds of folder the commands write, each told by files only it holds (the first kind that matches wins):
 # a command refuses to write its kind of output over another kind's.
 KIND_FILES = (
+    ("language-model agent run", ("agent.json",)),  # `rlhf-toy agent` (its models are in subfolders)
     ("model", ("config.json", "ensemble.json")),  # a Hugging Face model (SFT, reward, policy) or a reward ensemble
     ("CartPole run", ("final.pt", "best.pt", "seed_0")),
     ("policy run", ("checkpoint", "policy", "adapter", "ppo.json")),

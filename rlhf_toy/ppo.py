@@ -191,6 +191,18 @@ def shuffled_minibatches(
     return order.split(size)
 
 
+def episode_minibatches(episodes: Tensor, size: int, generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+    """One epoch's minibatch indices when samples come in episodes of different lengths (an agent's turns): `episodes
+    [n]` the episode of each sample, consecutive; the episodes are shuffled and every minibatch holds all the samples
+    of `size` of them. The number of gradient steps per epoch is then the batch's episodes / `size`, however long
+    the episodes were."""
+    starts = torch.cat([torch.ones(1, dtype=torch.bool), episodes[1:] != episodes[:-1]]).nonzero().flatten()
+    spans = torch.cat([starts, torch.tensor([len(episodes)])])
+    order = torch.randperm(len(starts), generator=generator)
+    rows = [torch.arange(int(spans[e]), int(spans[e + 1])) for e in range(len(starts))]
+    return tuple(torch.cat([rows[e] for e in chunk.tolist()]) for chunk in order.split(size))
+
+
 def minibatch_loss(
     logprobs: Tensor,
     entropy: Tensor,
@@ -266,6 +278,7 @@ def ppo_update(
     group_size: int = 1,
     kl_estimator: str = "k3",
     length: int | None = None,
+    episodes: Tensor | None = None,
 ) -> dict[str, float]:
     """Run `cfg.n_epochs` epochs of shuffled minibatches of PPO on `batch`. Returns mean diagnostics.
 
@@ -276,7 +289,9 @@ def ppo_update(
     too) and `kl_loss_coef` adds a `kl_estimator` (k3: GRPO's; k2) KL to `batch.ref_logprobs` to the loss; `length`
     is the constant of `cfg.loss_aggregation` "constant" (Dr. GRPO: the generation limit); see `minibatch_loss`.
     `group_size` > 1 keeps groups of that many consecutive samples whole in every minibatch
-    (`shuffled_minibatches`). Each minibatch: normalize advantages (if enabled, over
+    (`shuffled_minibatches`); `episodes` (`[n]`, each sample's episode, consecutive) makes `cfg.minibatch_size`
+    count episodes, each minibatch all the samples of its episodes (`episode_minibatches`: an agent's turns).
+    Each minibatch: normalize advantages (if enabled, over
     its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
     """
     if policy_loss not in POLICY_LOSSES:
@@ -291,7 +306,12 @@ def ppo_update(
     norms: list[Tensor] = []
     early_stop, epochs_done = False, 0
     for epoch in range(cfg.n_epochs):
-        for idx in shuffled_minibatches(n, cfg.minibatch_size, generator, group_size):
+        order = (
+            shuffled_minibatches(n, cfg.minibatch_size, generator, group_size)
+            if episodes is None
+            else episode_minibatches(episodes, cfg.minibatch_size, generator)
+        )
+        for idx in order:
             mb = minibatch(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
             loss, parts = minibatch_loss(

@@ -18,7 +18,7 @@ from typing import Any
 from cartpole import lesson as cartpole_lesson
 from cartpole import settings as cartpole_settings
 from cartpole.cli import COMMANDS as CARTPOLE_COMMANDS
-from rlhf_toy.cli import Command, Group
+from rlhf_toy.cli import Command, Group, resolve
 from rlhf_toy.lm.algorithms import online
 from rlhf_toy.lm.pipeline import recipes, remedies
 from rlhf_toy.lm.pipeline.cli import COMMANDS as RLHF_COMMANDS
@@ -76,6 +76,9 @@ def command_sections(prog: str, commands: dict[str, Command | Group], depth: int
         out.append(f"{'#' * depth} `{full}`\n\n{cmd.help}\n")
         if isinstance(cmd, Group):
             out += command_sections(full, cmd.commands, depth + 1)
+        elif cmd.choose is not None:  # defaults named by flags (agent: the algorithm's and environment's)
+            out.append("With no flags (its defaults follow the `--algorithm` and `--env` given):\n")
+            out.append(table(["flag", "type", "default", "help"], flags(resolve(cmd.choose)([]))) + "\n")
         else:
             out.append(table(["flag", "type", "default", "help"], flags(cmd)) + "\n")
     return out

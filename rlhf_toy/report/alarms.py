@@ -290,6 +290,33 @@ def value_divergence(rows: Rows) -> Finding | None:
     return Finding(int(steps[i]), f"value loss {lm[i]:.3g} (lowest {low[i]:.3g}), explained variance {em[i]:.2f}")
 
 
+def echo_trap(rows: Rows) -> Finding | None:
+    """RAGEN's echo trap (Wang et al. 2025) in an agent's run: the spread of episode returns collapsed below a fifth
+    of its start, the policy's entropy below a third of its start, and the gradient norm spiked (a step over 3x the
+    first window's median) in the trailing window, while the task is not solved (success under 0.9: a solved task's
+    returns stop varying for a good reason)."""
+    spread, entropy, norm = series(rows, "agent/return_std"), series(rows, ENTROPY), series(rows, "ppo/grad_norm")
+    if spread is None or entropy is None or norm is None or not len(spread[1]) == len(entropy[1]) == len(norm[1]):
+        return None
+    steps, sd = spread
+    w = window(len(rows))
+    if len(sd) < 2 * w:
+        return None
+    sdm, em = moving_average(sd, w), moving_average(entropy[1], w)
+    base_sd, base_e, base_norm = float(sd[:w].mean()), float(entropy[1][:w].mean()), float(np.median(norm[1][:w]))
+    peak = np.array([norm[1][max(0, i - w + 1) : i + 1].max() for i in range(len(sd))])
+    success = series(rows, "agent/success")
+    unsolved = moving_average(success[1], w) < 0.9 if success is not None and len(success[1]) == len(sd) else True
+    i = first((sdm < 0.2 * base_sd) & (em < base_e / 3) & (peak > 3 * base_norm) & unsolved, w)
+    if i is None or base_sd <= 0:
+        return None
+    return Finding(
+        int(steps[i]),
+        f"the returns' spread fell to {sdm[i]:.3g} from {base_sd:.3g}, entropy to {em[i]:.3g} from {base_e:.3g}, "
+        f"and a gradient norm reached {peak[i]:.3g} (the start's median {base_norm:.3g})",
+    )
+
+
 def non_finite(rows: Rows) -> Finding | None:
     for r in rows:
         bad = [
@@ -471,6 +498,18 @@ ALARMS: tuple[Alarm, ...] = (
         more="The value loss's moving average grew to ten times its lowest while the explained variance went below "
         "zero. Lower the learning rate or --value_lr_scale, keep --clip_range_vf, or whiten the rewards. Tested "
         "on hand-built logs.",
+    ),
+    Alarm(
+        "echo-trap",
+        "Echo trap: the agent repeats one move and stops learning",
+        "The agent's episodes all score alike, its replies have collapsed to a template, and the gradient norm "
+        "spikes, while the task is not solved: RAGEN's echo trap. Lower the learning rate, keep a critic (PPO), "
+        "filter low-variance groups, or raise the KL weight.",
+        echo_trap,
+        more="Wang et al. 2025 (RAGEN, arXiv 2504.20073) found multi-turn RL collapse this way: reward variance "
+        "falls off a cliff, gradient norms spike, replies become repetitive. Fires when the returns' spread "
+        "(agent/return_std) falls below a fifth of its start, the entropy below a third, and a gradient norm "
+        "exceeds 3x the start's median in the trailing window, with success under 0.9. Tested on hand-built logs.",
     ),
     Alarm(
         "repetition",

@@ -45,6 +45,9 @@ class Signals:
     values: Tensor  # the value head's estimates (0 on padding, and 0 without a critic)
     mask: Tensor  # 1 on real response tokens
     beta: float  # the KL coefficient in the reward this step (0 when the KL is a loss term: --kl_in loss)
+    # [B] the value of the state after each row's last real step where the episode was cut there (an agent's turn or
+    # context limit), 0 where it terminated; None: every row terminated (a reply). A critic bootstraps from it.
+    bootstrap: Tensor | None = None
 
 
 # `(signals, ppo, group_size) -> (advantages [B, R], value targets [B, R])`
@@ -81,10 +84,25 @@ def terminal_steps(mask: Tensor) -> Tensor:
 
 @reads_settings("gamma", "gae_lambda")
 def token_gae(s: Signals, ppo: PPOConfig, group_size: int) -> tuple[Tensor, Tensor]:
-    """PPO: the core's `gae` over response tokens (time-major for the core); the last real token ends it."""
+    """PPO: the core's `gae` over response tokens (or an agent's turns; time-major for the core); the last real step
+    ends it, terminated, or cut and bootstrapped from `s.bootstrap` (the lesson's truncated episode)."""
     next_values = torch.cat([s.values[:, 1:], torch.zeros_like(s.values[:, :1])], 1)
     done = terminal_steps(s.mask)
-    adv, ret = gae(s.rewards.T, s.values.T, next_values.T, done.T, gamma=ppo.gamma, lam=ppo.gae_lambda, mask=s.mask.T)
+    if s.bootstrap is None:
+        terminated, truncated = done, None
+    else:  # each row ends in a cut whose next value is its bootstrap (0 where it terminated: the same thing)
+        next_values = torch.where(done, s.bootstrap[:, None].to(next_values.dtype), next_values)
+        terminated, truncated = torch.zeros_like(done), done
+    adv, ret = gae(
+        s.rewards.T,
+        s.values.T,
+        next_values.T,
+        terminated.T,
+        None if truncated is None else truncated.T,
+        gamma=ppo.gamma,
+        lam=ppo.gae_lambda,
+        mask=s.mask.T,
+    )
     return adv.T, ret.T
 
 
@@ -197,13 +215,18 @@ class OnlineAlgorithm:
         self.check(rl_cfg, ppo_cfg)
         return rl_cfg, ppo_cfg
 
-    def settle(self, cfg: RLHFConfig | None, ppo: PPOConfig | None) -> tuple[RLHFConfig, PPOConfig]:
+    def settle(
+        self, cfg: RLHFConfig | None, ppo: PPOConfig | None, task: dict[str, Any] | None = None
+    ) -> tuple[RLHFConfig, PPOConfig]:
         """What a trainer runs, given a caller's configs (None: the record's): this record, with every field the
         caller gave that differs from it (a config built by `configs`, by `dataclasses.replace` or by the command
         line gives every field; `RLHFConfig(batch_size=16)` gives one). An override of a value the record sets is
-        said once on stderr; a setting the algorithm does not read is refused (`configs`)."""
-        base_rl, base_ppo = self.configs()
-        overrides: dict[str, Any] = {}
+        said once on stderr; a setting the algorithm does not read is refused (`configs`). `task`: the settings of
+        the task or environment it runs on (an agent's environment record), those the algorithm reads and its
+        rollout does not set (DAPO keeps its KL of 0 wherever it runs), under the caller's."""
+        task = {k: v for k, v in (task or {}).items() if k in self.reads and k not in self.rollout}
+        base_rl, base_ppo = self.configs(**task)
+        overrides: dict[str, Any] = dict(task)
         for mine, theirs in ((base_rl, cfg), (base_ppo, ppo)):
             if theirs is not None:
                 overrides.update(
@@ -211,7 +234,7 @@ class OnlineAlgorithm:
                 )
         settled = self.configs(**overrides)
         own = self.defaults  # the values the record sets: a changed one is worth a word
-        changed = [k for k in overrides if k in own and own[k] != FIELD_DEFAULTS[k]]
+        changed = [k for k in overrides if k in own and own[k] != FIELD_DEFAULTS[k] and k not in task]
         if changed:
             shown = ", ".join(f"{k}={overrides[k]!r} (its record: {own[k]!r})" for k in changed)
             note_once(f"{self.name} runs with {shown}, as given")  # once: compare's seeds, a resumed run

@@ -166,8 +166,12 @@ def sample(
     greedy: bool = False,
     lean: bool = True,
     with_hidden: bool = False,
+    prompt_ids: list[list[int]] | None = None,
 ) -> Samples:
     """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats.
+
+    `prompt_ids`: the prompts' token ids as given (an agent's rendered multi-turn context), instead of encoding
+    `prompts` (then kept only as their labels).
 
     `greedy`: the most likely token at every step (no sampling; `temperature` then only scales the log-probs).
 
@@ -192,10 +196,10 @@ def sample(
     saved_eos = model.generation_config.eos_token_id
     if not stop_at_eos:
         model.generation_config.eos_token_id = None  # generate() would otherwise fall back to it and stop
+    encoded = encode_prompts(tok, prompts) if prompt_ids is None else prompt_ids
     try:
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            ids, mask = pad_sequences(encode_prompts(tok, chunk), tok.pad_token_id, "left")
+            ids, mask = pad_sequences(encoded[start : start + batch_size], tok.pad_token_id, "left")
             ids, mask = ids.to(device), mask.to(device)
             eos = tok.eos_token_id if stop_at_eos else None
             hidden = None

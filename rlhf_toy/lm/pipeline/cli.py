@@ -110,6 +110,20 @@ COMMANDS = {
         (RUN, P + "pipeline.label:LabelConfig"),
         P + "pipeline.label:run_label",
     ),
+    "agent": Command(
+        "Train a language-model agent in a text environment (FrozenLake, guess-the-number, CartPole as text, a "
+        "calculator tool, a gymnasium id or your module:factory) with any online algorithm: SFT on demonstrations, "
+        "RL, evaluation on held-out starting states.",
+        (),
+        P + "agents.command:run_agent",
+        choose=P + "agents.command:agent_command",
+    ),
+    "agent-compare": Command(
+        "Online algorithms on one environment over seeds: success against episodes and wall time beside the random, "
+        "scripted and optimal policies (run_dir/compare.md, .png; each run as the agent command runs it).",
+        (P + "agents.compare:AgentCompareConfig",),
+        P + "agents.compare:run_agent_compare",
+    ),
     "report": REPORT,
     "sample": Command(
         "Chat with any saved model from the terminal.",

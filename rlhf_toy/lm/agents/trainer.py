@@ -1,0 +1,385 @@
+"""`AgentTrainer`: any online algorithm of the table (`online.ALGORITHMS`) on a text environment, on the same core.
+
+One step: (1) a batch of episodes in lockstep (`rollout.run_episodes`; groups of `group_size` episodes share a reset
+seed: StarPO's trajectory groups); (2) every turn becomes a row, the context the agent read and the reply it wrote,
+with its log-probs, the reference's and (for a critic) the value head's; (3) the episode's rewards arrive at the
+end of each turn, less beta times the KL of the turn's tokens; (4) the algorithm's own advantage function runs on
+the episode as one sequence (`credit` "turn": one step per turn, the value read where the turn begins; "token":
+one step per agent token, the environment's tokens skipped), a truncated episode bootstrapped from the value of
+what the agent would have read next; (5) the advantages go back to the rows, and the core's `ppo_update` trains on
+the agent's tokens only.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlhf_toy.advantages import equal_groups
+from rlhf_toy.config import check, given, option
+from rlhf_toy.errors import UserError
+from rlhf_toy.masks import masked_mean, masked_whiten
+from rlhf_toy.ppo import NonFiniteUpdate, RolloutBatch, make_optimizer, ppo_update
+from rlhf_toy.runtime import PhaseClock
+
+from ..algorithms.kl import AdaptiveKLController, FixedKLController, overlong_penalty, per_token_kl
+from ..algorithms.online import FIELD_DEFAULTS, OnlineAlgorithm, Signals, get_algorithm
+from ..algorithms.rlhf import PPOConfig, RLHFConfig, reference_logprobs
+from ..data.text import distinct_2
+from ..models.chat import pad_sequences, widen
+from ..models.lora import is_lora, trainable_parameters
+from ..models.policy import PolicyWithValueHead
+from ..models.sampling import Samples
+from .registry import ALL_HISTORY, EnvRecord, get_env
+from .rollout import Episode, RolloutSettings, run_episodes, summary
+
+CREDITS = ("turn", "token")
+# RLHFConfig's settings an agent run does not read, with why (its command refuses them; the Python API too).
+AGENT_UNREAD = {
+    "reward_reads": "an agent's reward is its environment's, not a reward model's",
+    "eval_every": "an agent run evaluates on held-out starting states at its end (--eval_episodes)",
+    "eval_prompts": "an agent run evaluates on held-out starting states at its end (--eval_episodes)",
+    "kl_limit": "an agent run has no KL stop",
+    "kl_limit_window": "an agent run has no KL stop",
+    "stop_at_eos": "an agent's reply always ends at EOS (the environment reads it then)",
+    "save_every": "an agent run saves its policy at its end",
+}
+
+
+@dataclass
+class AgentConfig:
+    """What an agent run plays and how it reads it (the environment's record gives the defaults of None)."""
+
+    env: str = option("A built-in environment, a gymnasium id, or module:factory returning a TextEnv.", "frozenlake")
+    algorithm: str = option("Any online algorithm of rlhf-toy (ppo, grpo, rloo, reinforce_baseline, ...).", "ppo")
+    max_turns: int | None = option("Turn limit of an episode (None: the environment's).", None)
+    history: int | None = option(
+        "Earlier turns the agent sees before the current observation (0: none; -1: the whole conversation; "
+        "None: the environment's).",
+        None,
+    )
+    credit: str = option(
+        "Credit assignment of algorithms with per-step returns: turn (one step per turn, the value read where the "
+        "turn begins) or token (one step per agent token).",
+        "turn",
+    )
+    invalid_patience: int = option("Stop once every action of this many steps in a row was invalid.", 5)
+
+    def __post_init__(self) -> None:
+        check(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns, ">= 1")
+        check(self.history is None or self.history >= ALL_HISTORY, "history", self.history, ">= 0, or -1 for all")
+        check(self.credit in CREDITS, "credit", self.credit, " or ".join(CREDITS))
+        check(self.invalid_patience >= 1, "invalid_patience", self.invalid_patience, ">= 1")
+
+
+def rollout_settings(record: EnvRecord, agent: AgentConfig, rl: RLHFConfig, temperature: float | None = None):
+    return RolloutSettings(
+        agent.max_turns or record.max_turns,
+        record.history if agent.history is None else agent.history,
+        rl.max_new_tokens,
+        rl.temperature if temperature is None else temperature,
+    )
+
+
+def agent_settings(record: EnvRecord, algorithm: OnlineAlgorithm, rl: RLHFConfig | None, ppo: PPOConfig | None):
+    """`(RLHFConfig, PPOConfig)` an agent runs: the algorithm's record, the environment's settings (those the
+    algorithm reads) and the caller's fields on top (`OnlineAlgorithm.settle`); what an agent run does not read
+    (`AGENT_UNREAD`) is refused when given a value of its own."""
+    for name, why in AGENT_UNREAD.items():
+        if rl is not None and name in given(rl) and getattr(rl, name) != FIELD_DEFAULTS[name]:
+            raise UserError(f"an agent run does not read {name}: {why}; leave it out")
+    return algorithm.settle(rl, ppo, {"max_new_tokens": record.max_new_tokens, **record.settings})
+
+
+@torch.no_grad()
+def state_values(policy: PolicyWithValueHead, contexts: list[list[int]], pad_id: int) -> Tensor:
+    """`[n]` the value head at the last position of each context: the value of the state the agent reads."""
+    ids, mask = pad_sequences(contexts, pad_id, "left")
+    device = policy.value_head[0].weight.device
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = policy.lm(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
+    return policy.value_head(out.hidden_states[-1][:, -1]).squeeze(-1).float()
+
+
+def rows_of(episodes: list[Episode], tok) -> Samples:
+    """Every turn of `episodes`, in order, as one row: context left-padded `[N, P]`, reply right-padded `[N, R]`."""
+    turns = [t for e in episodes for t in e.turns]
+    ctx, ctx_mask = pad_sequences([t.context for t in turns], tok.pad_token_id, "left")
+    reply, reply_mask = pad_sequences([t.reply for t in turns], tok.pad_token_id, "right")
+    R = reply.shape[1]
+    stack = lambda xs: torch.stack([widen(x[None].float(), R, 0, "right")[0] for x in xs])  # noqa: E731
+    hidden = None
+    if all(t.hidden is not None for t in turns):
+        hidden = torch.stack([torch.nn.functional.pad(t.hidden, (0, 0, 0, R - len(t.reply))) for t in turns])
+    return Samples(
+        [t.observation for t in turns],
+        ctx,
+        ctx_mask,
+        reply,
+        reply_mask,
+        torch.tensor([t.eos for t in turns]),
+        [t.text for t in turns],
+        stack([t.logprobs for t in turns]),
+        stack([t.entropy for t in turns]),
+        hidden,
+    )
+
+
+def episode_layout(episodes: list[Episode], credit: str) -> tuple[list[tuple[int, int, int, int]], int]:
+    """Where each row (turn) sits in its episode's sequence: `(episode, start, length, turn)` per row and the
+    sequence length. "turn": a turn is one step (length 1); "token": its reply's tokens, one after another."""
+    places, width = [], 1
+    for b, e in enumerate(episodes):
+        pos = 0
+        for t, turn in enumerate(e.turns):
+            n = 1 if credit == "turn" else len(turn.reply)
+            places.append((b, pos, n, t))
+            pos += n
+        width = max(width, pos)
+    return places, width
+
+
+class AgentTrainer:
+    """A language model trained to act in a text environment by an online algorithm of the table (its record's
+    preset, group size and rollout, with the environment record's settings and the caller's on top: `settle`).
+
+    `model`: the SFT'd causal LM (the frozen reference is a copy, or for LoRA the adapters off); `env`: a record or
+    what `get_env` takes (None: `agent.env`). `self.rl`, `self.ppo` are what runs.
+    """
+
+    def __init__(
+        self,
+        model,
+        tok,
+        env: EnvRecord | str | None = None,
+        agent: AgentConfig | None = None,
+        rl: RLHFConfig | None = None,
+        ppo: PPOConfig | None = None,
+        seed: int = 0,
+        ref_model=None,
+    ) -> None:
+        self.agent = agent or AgentConfig()
+        self.record = env if isinstance(env, EnvRecord) else get_env(env or self.agent.env)
+        self.algorithm = get_algorithm(self.agent.algorithm)
+        self.rl, self.ppo = agent_settings(self.record, self.algorithm, rl, ppo)
+        self.tok, self.seed = tok, seed
+        self.settings = rollout_settings(self.record, self.agent, self.rl)
+        self.critic = self.algorithm.needs_values(self.ppo)
+        torch.manual_seed(seed)  # the value head's initialization draws from it
+        if ref_model is None and not is_lora(model):
+            ref_model = copy.deepcopy(model)
+        self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.policy = PolicyWithValueHead(model.eval(), self.rl.temperature, critic=self.critic)
+        self.optimizer = make_optimizer(
+            [{"params": trainable_parameters(self.policy.lm)}, {"params": list(self.policy.value_head.parameters())}],
+            self.ppo,
+        )
+        self.kl_ctl = (
+            AdaptiveKLController(self.rl.kl_coef, self.rl.kl_target, self.rl.kl_horizon)
+            if self.rl.adaptive_kl
+            else FixedKLController(self.rl.kl_coef)
+        )
+        self.envs = [self.record.make() for _ in range(self.rl.batch_size)]
+        self.seeds = np.random.default_rng(seed)  # training episodes' reset seeds: even numbers
+        self.update_generator = torch.Generator().manual_seed(seed + 1)
+        self.step_count, self.all_invalid = 0, 0
+        self.clock = PhaseClock()
+        self.last_episodes: list[Episode] = []
+
+    def play(self, n: int, seeds: list[int], greedy: bool = False) -> list[Episode]:
+        """`n` episodes reset with `seeds` (its own environments; torch's global RNG samples)."""
+        envs = self.envs if n <= len(self.envs) else [self.record.make() for _ in range(n)]
+        instructions = getattr(envs[0], "instructions", "")
+        return run_episodes(
+            self.policy.lm,
+            self.tok,
+            envs[:n],
+            seeds,
+            instructions,
+            self.settings,
+            self.record.name,
+            greedy,
+            with_hidden=self.critic and not greedy,
+        )
+
+    def rollouts(self) -> tuple[list[Episode], dict[str, float]]:
+        """This step's episodes: batch_size / group_size reset seeds, each played group_size times; under dynamic
+        sampling (DAPO), rounds whose groups of all-equal returns are dropped, until the batch is full."""
+        k, n = self.rl.group_size, self.rl.batch_size
+        kept: list[Episode] = []
+        spare: list[Episode] = []
+        groups = equal = rounds = 0
+        for _ in range(self.rl.dynamic_sampling_rounds if self.rl.dynamic_sampling else 1):
+            rounds += 1
+            seeds = [2 * int(s) for s in self.seeds.integers(0, 2**30, size=n // k) for _ in range(k)]
+            with self.clock("sample"):
+                episodes = self.play(n, seeds)
+            if k == 1:
+                return episodes, {}
+            flat = equal_groups(torch.tensor([e.total_return for e in episodes]), k)
+            groups, equal = groups + len(flat), equal + int(flat.sum())
+            if not self.rl.dynamic_sampling:
+                return episodes, {"equal_groups": equal / groups}
+            for g, same in enumerate(flat.tolist()):
+                (spare if same else kept).extend(episodes[g * k : (g + 1) * k])
+            if len(kept) >= n:
+                break
+        kept = (kept + spare)[:n]  # filled with equal groups (zero advantage) when the rounds ran out
+        return kept, {"equal_groups": equal / groups, "rounds": float(rounds)}
+
+    def turn_rewards(self, rows: Samples) -> Tensor:
+        """`[N]` each turn's reward: the environment's, less any missing-EOS and overlong penalty of its reply."""
+        rewards = torch.tensor([t.reward for e in self.last_episodes for t in e.turns], dtype=torch.float32)
+        if self.rl.missing_eos_penalty is not None:
+            rewards = rewards - self.rl.missing_eos_penalty * (~rows.eos).float()
+        if self.rl.overlong_buffer:
+            buffer = max(1, round(self.rl.overlong_buffer * self.rl.max_new_tokens))
+            lengths = rows.response_mask.sum(1)
+            rewards = rewards + overlong_penalty(lengths, self.rl.max_new_tokens, buffer, self.rl.overlong_penalty)
+        return rewards
+
+    def experience(self, episodes: list[Episode], beta: float) -> tuple[RolloutBatch, Tensor, Samples]:
+        """The rows of `episodes` with the algorithm's advantages; also each episode's summed KL `[B]` (and
+        `self.row_episodes`, each row's episode, for the update's minibatches)."""
+        self.last_episodes = episodes
+        rows = rows_of(episodes, self.tok)
+        mask = rows.response_mask.float()
+        device = self.policy.value_head[0].weight.device
+        with torch.no_grad():
+            values = torch.zeros_like(mask)
+            if self.critic and rows.hidden is not None:
+                values = self.policy.value_head(rows.hidden.to(device)).squeeze(-1).float().cpu() * mask
+            with self.clock("reference_forward"):
+                ref = reference_logprobs(self.policy, self.ref_model, rows, self.rl.temperature).float().cpu() * mask
+            in_reward = self.rl.kl_in == "reward"
+            penalty = per_token_kl(rows.logprobs, ref, self.rl.penalty_estimator) * mask
+            signals, places = self.signals(episodes, rows, values, penalty, beta if in_reward else 0.0)
+            adv, ret = self.algorithm.advantages(signals, self.ppo, self.rl.group_size)
+        row_adv, row_ret = torch.zeros_like(mask), torch.zeros_like(mask)
+        for r, (b, start, n, _) in enumerate(places):
+            width = int(mask[r].sum())
+            if self.agent.credit == "turn":
+                row_adv[r, :width], row_ret[r, :width] = adv[b, start], ret[b, start]
+            else:
+                row_adv[r, :width], row_ret[r, :width] = adv[b, start : start + n], ret[b, start : start + n]
+        loss_mask = mask * rows.eos[:, None].float() if self.rl.mask_truncated else mask
+        if self.ppo.normalize_advantages:  # over the whole step (`update`): see there
+            row_adv = masked_whiten(row_adv, loss_mask)
+        batch = RolloutBatch(
+            (rows.prompt_ids, rows.prompt_mask),
+            rows.response_ids,
+            rows.logprobs,
+            values,
+            row_adv * loss_mask,
+            row_ret,
+            loss_mask,
+            ref,
+        )
+        kl = per_token_kl(rows.logprobs, ref, "k1") * mask
+        self.row_episodes = torch.tensor([p[0] for p in places])
+        episode_kl = torch.zeros(len(episodes)).index_add_(0, self.row_episodes, kl.sum(1))
+        return batch, episode_kl, rows
+
+    def signals(self, episodes: list[Episode], rows: Samples, values: Tensor, penalty: Tensor, beta: float):
+        """The episodes as the advantage functions read them (`online.Signals`, `[B, steps]`), and where each row
+        sits (`episode_layout`)."""
+        places, width = episode_layout(episodes, self.agent.credit)
+        B = len(episodes)
+        rewards, vals, kl, step_mask = (torch.zeros(B, width) for _ in range(4))
+        turn_rewards = self.turn_rewards(rows)
+        mask = rows.response_mask.float()
+        for r, (b, start, n, _) in enumerate(places):
+            if self.agent.credit == "turn":
+                rewards[b, start] = turn_rewards[r] - beta * penalty[r].sum()
+                vals[b, start], kl[b, start], step_mask[b, start] = values[r, 0], penalty[r].sum(), 1.0
+            else:
+                rewards[b, start : start + n] = -beta * penalty[r, :n]
+                rewards[b, start + n - 1] += turn_rewards[r]
+                vals[b, start : start + n], kl[b, start : start + n] = values[r, :n], penalty[r, :n]
+                step_mask[b, start : start + n] = mask[r, :n]
+        if self.rl.whiten_rewards:
+            rewards = masked_whiten(rewards, step_mask, shift_mean=False)
+        scores = torch.zeros(B).index_add_(0, torch.tensor([p[0] for p in places]), turn_rewards)
+        bootstrap = torch.zeros(B)
+        cut = [b for b, e in enumerate(episodes) if e.truncated and e.next_context is not None]
+        if self.critic and cut:
+            contexts = [episodes[b].next_context for b in cut]
+            bootstrap[cut] = state_values(self.policy, contexts, self.tok.pad_token_id).cpu()  # type: ignore[arg-type]
+        return Signals(rewards, scores, kl, vals * step_mask, step_mask, beta, bootstrap), places
+
+    def step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        beta = self.kl_ctl.beta
+        episodes, sampling = self.rollouts()
+        batch, episode_kl, rows = self.experience(episodes, beta)
+        figures = summary(episodes)
+        self.all_invalid = self.all_invalid + 1 if figures["invalid_rate"] == 1.0 else 0
+        if self.all_invalid >= self.agent.invalid_patience:
+            raise UserError(
+                f"every action of the last {self.all_invalid} steps was invalid in {self.record.name}: the policy "
+                "does not write the environment's action format; train it on demonstrations first (--sft_epochs), "
+                "or check the environment's action parser"
+            )
+        with self.clock("update"):
+            stats = self.update(batch, beta)
+        self.step_count += 1
+        mask = rows.response_mask.float()
+        metrics = {
+            "step": self.step_count,
+            **{f"agent/{k}": v for k, v in figures.items()},
+            "objective/score": figures["return"],
+            "objective/kl": episode_kl.mean().item(),
+            "objective/beta": beta,
+            "policy/entropy": masked_mean(rows.entropy, mask).item(),
+            "policy/response_length": mask.sum(1).mean().item(),
+            "policy/length_limit": float(self.rl.max_new_tokens),
+            "policy/eos_rate": rows.eos.float().mean().item(),
+            "policy/distinct_2": distinct_2(rows.texts),
+            **{f"ppo/{k}": v for k, v in stats.items()},
+            **{f"sampling/{k}": v for k, v in sampling.items()},
+            "time/step_s": time.perf_counter() - t0,
+            **{f"time/{phase}_s": v for phase, v in self.clock.take().items()},
+        }
+        metrics["time/episodes_per_s"] = len(episodes) / metrics["time/step_s"]
+        self.kl_ctl.update(metrics["objective/kl"], self.rl.batch_size)
+        return metrics
+
+    def update(self, batch: RolloutBatch, beta: float) -> dict[str, float]:
+        """The core's `ppo_update` on the step's turns, minibatches of whole episodes. Advantages are normalized
+        over the whole step (`experience`), not per minibatch: a minibatch of a few episodes without a success
+        would blow its advantages (the critic's small errors) up to unit variance, noise as strong as the signal."""
+        try:
+            return ppo_update(
+                self.policy,
+                self.optimizer,
+                batch,
+                replace(self.ppo, normalize_advantages=False),
+                progress=self.step_count / max(1, self.rl.steps),
+                generator=self.update_generator,
+                lr_scales=(1.0, self.rl.value_lr_scale),
+                policy_loss=self.algorithm.policy_loss,
+                kl_loss_coef=beta if self.rl.kl_in == "loss" else 0.0,
+                kl_estimator=self.rl.penalty_estimator,
+                length=self.rl.max_new_tokens,
+                episodes=self.row_episodes,  # minibatch_size counts episodes: the gradient steps do not grow with turns
+            )
+        except NonFiniteUpdate as exc:
+            raise UserError(f"step {self.step_count + 1}: {exc}; lower --learning_rate") from None
+
+    def evaluate(self, n: int, seed: int = 0, greedy: bool = True) -> tuple[dict[str, Any], list[Episode]]:
+        """`n` held-out episodes (odd reset seeds: never a training episode's), greedy unless said."""
+        seeds = [2 * int(s) + 1 for s in np.random.default_rng(10_000 + seed).integers(0, 2**30, size=n)]
+        state = torch.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            episodes = self.play(n, seeds, greedy)
+        finally:
+            torch.set_rng_state(state)
+        return summary(episodes), episodes
