@@ -60,10 +60,11 @@ class LongObservation(SayYes):
 
 
 class NeverValid(SayYes):
-    """No reply is ever a valid action."""
+    """No reply is ever a valid action; an episode ends after three of them."""
 
     def step(self, action):
-        return "Turn 1. Invalid.", -0.1, False, False, {"invalid": True}
+        self.turn += 1
+        return "Turn 1. Invalid.", -0.1, self.turn == 3, False, {"invalid": True}
 
 
 not_callable = 3

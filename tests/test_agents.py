@@ -526,3 +526,28 @@ def test_a_hugging_face_model_plays_in_its_chat_template_with_lora(tmp_path, cap
     assert (out / "model" / "config.json").is_file() and not (out / "model" / "adapter_config.json").exists()
     assert run_cli(main, [*argv[:-2], "--run_dir", str(tmp_path / "b"), "--n_positions", "64"]) == 2
     assert "n_positions must be left out with --base_model" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_run_that_stops_is_a_result_of_the_comparison_not_its_end(tmp_path):
+    out = tmp_path / "cmp"
+    argv = [
+        "agent-compare",
+        "--env",
+        "tests.agent_envs:NeverValid",
+        "--algorithms",
+        "reinforce",
+        "--seeds",
+        "0",
+        "--steps",
+        "6",
+        "--eval_episodes",
+        "2",
+        "--run_dir",
+        str(out),
+    ]
+    assert run_cli(main, argv) == 0
+    assert "every action of the last 5 steps was invalid" in (out / "reinforce" / "seed_0" / "failed.json").read_text()
+    table = (out / "compare.md").read_text()
+    assert "| REINFORCE | every seed stopped (1 seed(s) stopped: see below) |" in table and "Stopped runs:" in table
+    assert run_cli(main, [*argv[:-2], "--run_dir", str(tmp_path / "x"), "--algorithms", "nosuch"]) == 2

@@ -10,6 +10,7 @@ sampled success of 0.9; seconds): `run_dir/compare.md`, `compare.png`, `compare.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 
 from rlhf_toy.cli import parse_configs
 from rlhf_toy.config import check, option, parse_list, parse_names
+from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json, atomic_write_text, read_json
 from rlhf_toy.logging import markdown_table, plt_module, read_jsonl, save_figure
 
@@ -77,7 +79,12 @@ def first_at(c: dict[str, np.ndarray], level: float, window: int = 5) -> float:
 def summarize(cfg: AgentCompareConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"env": cfg.env, "algorithms": {}, "references": {}}
     for a in cfg.algorithm_list:
-        runs = [Path(cfg.run_dir) / a / f"seed_{s}" for s in cfg.seed_list]
+        every = [Path(cfg.run_dir) / a / f"seed_{s}" for s in cfg.seed_list]
+        runs = [r for r in every if (r / "eval.json").is_file()]
+        failed = [read_json(r / "failed.json")["error"] for r in every if r not in runs]
+        if not runs:
+            out["algorithms"][a] = {"failed": failed}
+            continue
         evals = [read_json(r / "eval.json") for r in runs]
         greedy = [e["eval"][label(a)]["success"] for e in evals]
         out["references"] = {k: v for k, v in evals[0]["eval"].items() if k in ("random", "scripted", "optimal")}
@@ -90,6 +97,7 @@ def summarize(cfg: AgentCompareConfig) -> dict[str, Any]:
             "episodes_to_0.9": [first_at(c, 0.9) for c in cs],
             "rl_s": [e["rl_s"] for e in evals],
             "curves": [{k: v.tolist() for k, v in c.items()} for c in cs],
+            "failed": failed,
         }
     return out
 
@@ -104,6 +112,10 @@ def table(summary: dict[str, Any]) -> str:
     head = ["algorithm", "held-out greedy success", "return", "turns", "episodes to 0.9 (sampled)", "RL seconds"]
     rows = []
     for a, r in summary["algorithms"].items():
+        stopped = f" ({len(r['failed'])} seed(s) stopped: see below)" if r["failed"] else ""
+        if "greedy_success" not in r:
+            rows.append([label(a), f"every seed stopped{stopped}", "", "", "", ""])
+            continue
         reached = [x for x in r["episodes_to_0.9"] if x == x]
         to = f"{np.median(reached):.0f} ({len(reached)}/{len(r['episodes_to_0.9'])} seeds)" if reached else "never"
         rows.append(
@@ -127,7 +139,8 @@ def table(summary: dict[str, Any]) -> str:
                 "",
             ]
         )
-    return markdown_table(head, rows)
+    notes = [f"- {label(a)}: {e}" for a, r in summary["algorithms"].items() for e in r["failed"]]
+    return markdown_table(head, rows) + ("\n\nStopped runs:\n\n" + "\n".join(notes) if notes else "")
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
@@ -135,6 +148,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for i, (a, r) in enumerate(summary["algorithms"].items()):
         color = f"C{i}"
+        if not r.get("curves"):
+            continue
         for ax, x in zip(axes, ("episodes", "seconds")):
             for c in r["curves"]:
                 ax.plot(c[x], c["success"], color=color, alpha=0.25, lw=0.8)
@@ -146,16 +161,28 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             ax.axhline(ref["success"], ls="--", color=f"0.{3 + 2 * j}", lw=1, label=name)
         ax.set_xlabel(x)
         ax.set_ylabel("success (sampled, training episodes)")
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     fig.suptitle(f"{summary['env']}: success of the training episodes, mean over seeds (thin: each seed)")
     save_figure(fig, path)
 
 
 def run_agent_compare(cfg: AgentCompareConfig) -> int:
+    """Every (algorithm, seed) not finished yet (a folder with its eval.json or failed.json is kept: delete it to
+    run it again), then the table and the figure. A run that stops with an error (its policy's actions all
+    invalid, say) is a result too: its message goes to its failed.json and the table counts it."""
     for a in cfg.algorithm_list:
         for s in cfg.seed_list:
-            if not (Path(cfg.run_dir) / a / f"seed_{s}" / "eval.json").is_file():  # a finished run is kept
+            path = Path(cfg.run_dir) / a / f"seed_{s}"
+            if (path / "eval.json").is_file() or (path / "failed.json").is_file():
+                continue
+            try:
                 run_one(run_args(cfg, a, s))
+            except UserError as exc:
+                if not (path / "agent.json").is_file():  # a bad setting, not a result: stop there
+                    raise
+                atomic_write_json(path / "failed.json", {"error": str(exc)})
+                print(f"note: {a} seed {s} stopped: {exc}", file=sys.stderr)
     summary = summarize(cfg)
     out = Path(cfg.run_dir)
     atomic_write_json(out / "compare.json", summary)
