@@ -59,7 +59,12 @@ def test_frozenlake_steps_as_gymnasium_does(slippery):
             assert (ours.state, r, term, trunc) == (s, r2, term2, trunc2)
             row, col = divmod(s, 4)
             lines = text.splitlines()
-            assert lines[4] == f"row {row} col {col}" and lines[row][col] == "P" and info["success"] == (r2 > 0)
+            assert (
+                lines[4] == f"row {row} col {col}"
+                and lines[row][col] == "P"
+                and lines[5].startswith("left ")
+                and info["success"] == (r2 > 0)
+            )
             if term or trunc:
                 break
 
@@ -89,7 +94,7 @@ def test_an_unreadable_action_is_a_penalty_and_a_message_never_a_crash():
     start, _ = env.reset(seed=0)
     for bad in ("", "jump", "left or right", "\x00\xff", "up" * 500):
         text, r, term, trunc, info = env.step(bad)
-        assert info["invalid"] and r == INVALID_PENALTY and not (term or trunc) and text.startswith(start)
+        assert info["invalid"] and r == env.invalid_penalty == -1.0 and not (term or trunc) and text.startswith(start)
         assert env.state == 0
     assert env.step("  Down. ")[4] == {"success": False} and env.state == 4  # one action word, any case
 
@@ -127,7 +132,7 @@ def test_guess_number_hints_and_binary_search_mean_turns():
             assert r == -0.1 and text.endswith(f"{guess} {'higher' if guess < env.target else 'lower'}")
     assert len(turns) == 400 and max(turns) <= 7 and 5.5 < np.mean(turns) < 6.0  # binary search: about 5.8
     env.reset(seed=0)
-    assert env.step("101")[4]["invalid"] and env.step("12 13")[4]["invalid"]
+    assert env.step("101")[4]["invalid"] and env.step("12 13")[1] == INVALID_PENALTY
 
 
 def test_the_calculator_answers_and_is_checked():

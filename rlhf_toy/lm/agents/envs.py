@@ -2,9 +2,9 @@
 
 `TextEnv` is a `gymnasium.Env` whose spaces are `gymnasium.spaces.Text`: `reset(seed) -> (observation, info)`,
 `step(action) -> (observation, reward, terminated, truncated, info)`. An action the environment cannot read is its
-own business, never a crash: it answers with a message, a documented penalty (`INVALID_PENALTY` unless the game
-says otherwise) and `info["invalid"] = True`, and the state stays as it was. `info["success"]` at an episode's end
-says whether the task was done (the report's success rate).
+own business, never a crash: it answers with a message, a documented penalty (its `invalid_penalty`:
+`INVALID_PENALTY` unless the game says otherwise) and `info["invalid"] = True`, and the state stays as it was.
+`info["success"]` at an episode's end says whether the task was done (the report's success rate).
 
 The built-in games are thin wrappers over gymnasium where gymnasium has the game (FrozenLake, CartPole), so their
 dynamics are gymnasium's own (tests step both side by side); guess-the-number and the calculator tool are small
@@ -35,6 +35,7 @@ class TextEnv(gymnasium.Env):
     action_space = TEXT
     instructions: str = ""
     actions: tuple[str, ...] = ()
+    invalid_penalty: float = INVALID_PENALTY  # the reward of an action it cannot read
 
     def scripted_action(self) -> str:
         """A good action in the current state (the SFT stage's demonstrator); games without one raise."""
@@ -58,12 +59,16 @@ def read_word(text: str, words: tuple[str, ...]) -> str | None:
 
 
 class FrozenLakeText(TextEnv):
-    """gymnasium's FrozenLake-v1 (4x4) as text: the grid with the agent at P, actions left/down/right/up
-    (gymnasium's 0-3). Reward 1 on reaching G (gymnasium's), 0 otherwise; an unreadable action costs
-    `INVALID_PENALTY` and leaves the agent where it is. Slippery: the move goes sideways 2 times in 3."""
+    """gymnasium's FrozenLake-v1 (4x4) as text: the grid with the agent at P, its row and column, and what lies
+    next to it each way; actions left/down/right/up (gymnasium's 0-3). Reward 1 on reaching G (gymnasium's), 0
+    otherwise; an unreadable action costs 1 and leaves the agent where it is. Slippery: the move goes sideways 2
+    times in 3."""
 
     actions = ("left", "down", "right", "up")
     instructions = "Walk to G; H is a hole. Moves: left, down, right, up."
+    # As much as the goal is worth. Measured: at 0.1, an unreadable reply was a cheap "wait", and trajectory-level
+    # credit (RLOO) gave it the success of the episodes it was in: seed 1 went from 0.6% to 100% invalid in 2 steps.
+    invalid_penalty = -1.0
 
     def __init__(self, slippery: bool = False) -> None:
         self.env = gymnasium.make("FrozenLake-v1", map_name="4x4", is_slippery=slippery)
@@ -80,7 +85,13 @@ class FrozenLakeText(TextEnv):
         rows = [list(r) for r in self.desc]
         r, c = divmod(self.state, self.size)
         rows[r][c] = "P"
-        return "\n".join("".join(row) for row in rows) + f"\nrow {r} col {c}"
+        near = [self.cell(r + dr, c + dc) for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0))]
+        around = " ".join(f"{a} {x}" for a, x in zip(self.actions, near))
+        return "\n".join("".join(row) for row in rows) + f"\nrow {r} col {c}\n{around}"
+
+    def cell(self, r: int, c: int) -> str:
+        """What is at row r, column c: a letter of the map, or "wall" off it."""
+        return self.desc[r][c] if 0 <= r < self.size and 0 <= c < self.size else "wall"
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
         self.state, _ = self.env.reset(seed=seed)
@@ -89,7 +100,7 @@ class FrozenLakeText(TextEnv):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         word = read_word(action, self.actions)
         if word is None:
-            return f"{self.render_text()}\nInvalid move.", INVALID_PENALTY, False, False, {"invalid": True}
+            return f"{self.render_text()}\nInvalid move.", self.invalid_penalty, False, False, {"invalid": True}
         self.state, reward, terminated, truncated, _ = self.env.step(self.actions.index(word))
         return self.render_text(), float(reward), terminated, truncated, {"success": reward > 0}
 
@@ -182,7 +193,7 @@ class GuessNumber(TextEnv):
         found = re.findall(r"\d+", action)
         guess = int(found[0]) if len(found) == 1 else None
         if guess is None or not self.low_bound <= guess <= self.high_bound:
-            return f"{self.render_text()} invalid", INVALID_PENALTY, False, False, {"invalid": True}
+            return f"{self.render_text()} invalid", self.invalid_penalty, False, False, {"invalid": True}
         if guess == self.target:
             return f"{self.render_text()} {guess} yes", 1.0, True, False, {"success": True}
         hint = "higher" if guess < self.target else "lower"
@@ -239,7 +250,7 @@ class CalculatorTool(TextEnv):
             x, op, y = int(call.group(1)), call.group(2), int(call.group(3))
             self.result = x * y if op == "*" else x + y if op == "+" else x - y
             return f"{self.question()} calc {self.result}", 0.0, False, False, {"tool": True}
-        return f"{self.question()} invalid", INVALID_PENALTY, False, False, {"invalid": True}
+        return f"{self.question()} invalid", self.invalid_penalty, False, False, {"invalid": True}
 
     def scripted_action(self) -> str:
         """Call the calculator, then answer with what it said."""

@@ -270,8 +270,8 @@ class AgentTrainer:
             else:
                 row_adv[r, :width], row_ret[r, :width] = adv[b, start : start + n], ret[b, start : start + n]
         loss_mask = mask * rows.eos[:, None].float() if self.rl.mask_truncated else mask
-        if self.ppo.normalize_advantages:  # over the whole step (`update`): see there
-            row_adv = masked_whiten(row_adv, loss_mask)
+        if self.ppo.normalize_advantages:  # centred over the whole step, not scaled (`update` says why)
+            row_adv = row_adv - masked_mean(row_adv, loss_mask)
         batch = RolloutBatch(
             (rows.prompt_ids, rows.prompt_mask),
             rows.response_ids,
@@ -352,9 +352,11 @@ class AgentTrainer:
         return metrics
 
     def update(self, batch: RolloutBatch, beta: float) -> dict[str, float]:
-        """The core's `ppo_update` on the step's turns, minibatches of whole episodes. Advantages are normalized
-        over the whole step (`experience`), not per minibatch: a minibatch of a few episodes without a success
-        would blow its advantages (the critic's small errors) up to unit variance, noise as strong as the signal."""
+        """The core's `ppo_update` on the step's turns, minibatches of whole episodes. `normalize_advantages` centres
+        them over the whole step (`experience`) and does not scale them: scaled to unit variance, the critic's small
+        errors become updates as strong as a real signal, per minibatch of a few episodes without a success and
+        once every episode succeeds alike (measured on FrozenLake: a solved policy fell to 93% invalid replies in
+        one step). Centring keeps the batch from pushing every sampled action down at once."""
         try:
             return ppo_update(
                 self.policy,
