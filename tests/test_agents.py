@@ -556,3 +556,12 @@ def test_a_run_that_stops_is_a_result_of_the_comparison_not_its_end(tmp_path):
     table = (out / "compare.md").read_text()
     assert "| REINFORCE | every seed stopped (1 seed(s) stopped: see below) |" in table and "Stopped runs:" in table
     assert run_cli(main, [*argv[:-2], "--run_dir", str(tmp_path / "x"), "--algorithms", "nosuch"]) == 2
+
+
+def test_the_invalid_actions_alarm_fires_on_a_drift_out_of_the_action_format():
+    from rlhf_toy.report.alarms import raised
+
+    rows = [{"step": i + 1, "agent/invalid_rate": 0.01 if i < 50 else 0.9} for i in range(80)]
+    fired = {r.name: r for r in raised(rows)}
+    assert "invalid-actions" in fired and 50 < fired["invalid-actions"].step <= 60
+    assert not raised([{"step": i + 1, "agent/invalid_rate": 0.01} for i in range(80)])

@@ -512,6 +512,21 @@ ALARMS: tuple[Alarm, ...] = (
         "exceeds 3x the start's median in the trailing window, with success under 0.9. Tested on hand-built logs.",
     ),
     Alarm(
+        "invalid-actions",
+        "The agent's actions are not the game's",
+        "More than a fifth of the agent's turns were actions the environment could not read: the policy drifted "
+        "out of the action format (an empty reply, two moves in one). Lower the learning rate, raise the penalty of "
+        "an invalid action, or SFT longer on demonstrations.",
+        crossing(
+            "agent/invalid_rate",
+            lambda m: m > 0.2,
+            lambda x: f"{x:.0%} of the turns were invalid actions",
+        ),
+        more="Measured on FrozenLake: REINFORCE with a baseline (seed 1) drifted to 98% empty replies at its end, "
+        "probability mass leaking to a reply it never sampled. The agent command stops a run whose every action is "
+        "invalid for --invalid_patience steps; this alarm sees the drift before that.",
+    ),
+    Alarm(
         "repetition",
         "Replies grow repetitive",
         "Distinct word pairs across the batch's replies fell below half their start: the policy repeats itself, "
