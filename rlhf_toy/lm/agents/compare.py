@@ -133,8 +133,8 @@ def table(summary: dict[str, Any]) -> str:
             [
                 name,
                 f"{ref['success']:.3f}",
-                f"{ref.get('return', float('nan')):.3f}",
-                f"{ref.get('turns', float('nan')):.2f}",
+                f"{ref['return']:.3f}" if "return" in ref else "",
+                f"{ref['turns']:.2f}" if "turns" in ref else "",
                 "",
                 "",
             ]
