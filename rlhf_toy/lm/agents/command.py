@@ -35,7 +35,7 @@ from ..models.lora import LoraConfig, add_lora
 from ..pipeline.run import quiet_libraries
 from .registry import EnvRecord, get_env
 from .rollout import demo_pairs, demonstrate
-from .trainer import AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings
+from .trainer import AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds
 
 
 @dataclass
@@ -102,7 +102,7 @@ def agent_command(args: list[str]) -> Command:
 def reference_lines(record: EnvRecord, n: int, seed: int) -> dict[str, dict[str, Any]]:
     """The random and scripted policies' figures on the evaluation's seeds, and the optimal success."""
     env, lines = record.make(), {}
-    seeds = [2 * int(s) + 1 for s in np.random.default_rng(10_000 + seed).integers(0, 2**30, size=n)]
+    seeds = eval_seeds(n, seed)
     for who in ("random", "scripted"):
         try:
             demos = demonstrate(env, seeds, who, record.max_turns, record.name, np.random.default_rng(seed))

@@ -32,6 +32,7 @@ from ..algorithms.kl import AdaptiveKLController, FixedKLController, overlong_pe
 from ..algorithms.online import FIELD_DEFAULTS, OnlineAlgorithm, Signals, get_algorithm
 from ..algorithms.rlhf import PPOConfig, RLHFConfig, reference_logprobs
 from ..data.text import distinct_2
+from ..models.causal_lm import position_ids
 from ..models.chat import pad_sequences, widen
 from ..models.lora import is_lora, trainable_parameters
 from ..models.policy import PolicyWithValueHead
@@ -87,6 +88,11 @@ def rollout_settings(record: EnvRecord, agent: AgentConfig, rl: RLHFConfig, temp
     )
 
 
+def eval_seeds(n: int, seed: int) -> list[int]:
+    """The reset seeds of `n` held-out episodes: odd numbers (a training episode's are even), drawn from `seed`."""
+    return [2 * int(s) + 1 for s in np.random.default_rng(10_000 + seed).integers(0, 2**30, size=n)]
+
+
 def agent_settings(record: EnvRecord, algorithm: OnlineAlgorithm, rl: RLHFConfig | None, ppo: PPOConfig | None):
     """`(RLHFConfig, PPOConfig)` an agent runs: the algorithm's record, the environment's settings (those the
     algorithm reads) and the caller's fields on top (`OnlineAlgorithm.settle`); what an agent run does not read
@@ -103,8 +109,7 @@ def state_values(policy: PolicyWithValueHead, contexts: list[list[int]], pad_id:
     ids, mask = pad_sequences(contexts, pad_id, "left")
     device = policy.value_head[0].weight.device
     ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = policy.lm(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
+    out = policy.lm(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), output_hidden_states=True)
     return policy.value_head(out.hidden_states[-1][:, -1]).squeeze(-1).float()
 
 
@@ -377,7 +382,7 @@ class AgentTrainer:
 
     def evaluate(self, n: int, seed: int = 0, greedy: bool = True) -> tuple[dict[str, Any], list[Episode]]:
         """`n` held-out episodes (odd reset seeds: never a training episode's), greedy unless said."""
-        seeds = [2 * int(s) + 1 for s in np.random.default_rng(10_000 + seed).integers(0, 2**30, size=n)]
+        seeds = eval_seeds(n, seed)
         state = torch.get_rng_state()
         torch.manual_seed(seed)
         try:
