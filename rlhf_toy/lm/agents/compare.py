@@ -17,14 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from rlhf_toy.cli import parse_configs
 from rlhf_toy.config import check, option, parse_list, parse_names
 from rlhf_toy.errors import UserError
 from rlhf_toy.io import atomic_write_json, atomic_write_text, read_json
 from rlhf_toy.logging import markdown_table, plt_module, read_jsonl, save_figure
 
 from ..algorithms.online import ALGORITHMS, label
-from .command import agent_command
 
 COMPARED = ("ppo", "grpo", "rloo", "reinforce_baseline")
 
@@ -53,10 +51,10 @@ def run_args(cfg: AgentCompareConfig, algorithm: str, seed: int) -> list[str]:
 
 
 def run_one(args: list[str]) -> None:
-    """One run exactly as `rlhf-toy agent ARGS` runs it (the command's own parsing, defaults and refusals)."""
-    cmd = agent_command(args)
-    classes, run, defaults = cmd.load()
-    run(*parse_configs(classes, args, prog="rlhf-toy agent", help=cmd.help, defaults=defaults, unread=cmd.unread))
+    """One run exactly as `rlhf-toy agent ARGS` runs it: through the command table itself."""
+    from ..pipeline.cli import main  # the table names this module
+
+    main(["agent", *args])
 
 
 def curves(path: Path) -> dict[str, np.ndarray]:

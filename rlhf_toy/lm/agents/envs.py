@@ -109,26 +109,28 @@ class FrozenLakeText(TextEnv):
         return self.actions[self.policy[self.state]]
 
 
+def action_values(P: dict, s: int, later: np.ndarray, gamma: float) -> list[float]:
+    """Each action's expected return from state `s` under gymnasium's transition table `P[s][a] = [(prob, s', r,
+    done), ...]`, when `later [n_states]` is the value of what follows (0 after a terminal transition)."""
+    return [sum(p * (r + (0.0 if done else gamma * later[s2])) for p, s2, r, done in P[s][a]) for a in range(len(P[s]))]
+
+
 def frozenlake_values(P: dict, n_states: int, horizon: int, gamma: float = 1.0) -> np.ndarray:
-    """Finite-horizon value iteration over gymnasium's transition table `P[s][a] = [(prob, s', r, done), ...]`:
-    `[horizon + 1, n_states]`, row h = the best expected return with h steps left. With FrozenLake's 0/1 reward
-    and gamma 1 that is the best success probability within h steps."""
+    """Finite-horizon value iteration over gymnasium's transition table: `[horizon + 1, n_states]`, row h = the
+    best expected return with h steps left. With FrozenLake's 0/1 reward and gamma 1 that is the best success
+    probability within h steps."""
     values = np.zeros((horizon + 1, n_states))
     for h in range(1, horizon + 1):
         for s in range(n_states):
-            values[h, s] = max(
-                sum(p * (r + (0.0 if done else gamma * values[h - 1, s2])) for p, s2, r, done in P[s][a])
-                for a in range(len(P[s]))
-            )
+            values[h, s] = max(action_values(P, s, values[h - 1], gamma))
     return values
 
 
 def optimal_policy(P: dict, n_states: int, horizon: int = 100, gamma: float = 0.999) -> list[int]:
     """The greedy action of each state with `horizon` steps left. A discount just under 1 breaks the ties of the
     undiscounted values (with 99 steps left most moves still reach G surely) toward the shorter way."""
-    values = frozenlake_values(P, n_states, horizon, gamma)
-    q = lambda s, a: sum(p * (r + (0.0 if done else gamma * values[horizon - 1, s2])) for p, s2, r, done in P[s][a])  # noqa: E731
-    return [int(np.argmax([q(s, a) for a in range(len(P[s]))])) for s in range(n_states)]
+    later = frozenlake_values(P, n_states, horizon, gamma)[horizon - 1]
+    return [int(np.argmax(action_values(P, s, later, gamma))) for s in range(n_states)]
 
 
 def optimal_success(slippery: bool, horizon: int = 100) -> float:

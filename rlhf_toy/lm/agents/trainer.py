@@ -12,7 +12,6 @@ the agent's tokens only.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,16 +24,23 @@ from rlhf_toy.advantages import equal_groups
 from rlhf_toy.config import check, given, option
 from rlhf_toy.errors import UserError
 from rlhf_toy.masks import masked_mean, masked_whiten
-from rlhf_toy.ppo import NonFiniteUpdate, RolloutBatch, make_optimizer, ppo_update
+from rlhf_toy.ppo import NonFiniteUpdate, RolloutBatch, ppo_update
 from rlhf_toy.runtime import PhaseClock
 
-from ..algorithms.kl import AdaptiveKLController, FixedKLController, overlong_penalty, per_token_kl
+from ..algorithms.kl import per_token_kl
 from ..algorithms.online import FIELD_DEFAULTS, OnlineAlgorithm, Signals, get_algorithm
-from ..algorithms.rlhf import PPOConfig, RLHFConfig, reference_logprobs
+from ..algorithms.rlhf import (
+    PPOConfig,
+    RLHFConfig,
+    frozen_reference,
+    kl_controller,
+    policy_optimizer,
+    reference_logprobs,
+    reply_penalties,
+)
 from ..data.text import distinct_2
 from ..models.causal_lm import position_ids
 from ..models.chat import pad_sequences, widen
-from ..models.lora import is_lora, trainable_parameters
 from ..models.policy import PolicyWithValueHead
 from ..models.sampling import Samples
 from .registry import ALL_HISTORY, EnvRecord, get_env
@@ -178,19 +184,10 @@ class AgentTrainer:
         self.settings = rollout_settings(self.record, self.agent, self.rl)
         self.critic = self.algorithm.needs_values(self.ppo)
         torch.manual_seed(seed)  # the value head's initialization draws from it
-        if ref_model is None and not is_lora(model):
-            ref_model = copy.deepcopy(model)
-        self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.ref_model = frozen_reference(model, ref_model)
         self.policy = PolicyWithValueHead(model.eval(), self.rl.temperature, critic=self.critic)
-        self.optimizer = make_optimizer(
-            [{"params": trainable_parameters(self.policy.lm)}, {"params": list(self.policy.value_head.parameters())}],
-            self.ppo,
-        )
-        self.kl_ctl = (
-            AdaptiveKLController(self.rl.kl_coef, self.rl.kl_target, self.rl.kl_horizon)
-            if self.rl.adaptive_kl
-            else FixedKLController(self.rl.kl_coef)
-        )
+        self.optimizer = policy_optimizer(self.policy, self.ppo)
+        self.kl_ctl = kl_controller(self.rl)
         self.envs = [self.record.make() for _ in range(self.rl.batch_size)]
         self.seeds = np.random.default_rng(seed)  # training episodes' reset seeds: even numbers
         self.update_generator = torch.Generator().manual_seed(seed + 1)
@@ -242,13 +239,7 @@ class AgentTrainer:
     def turn_rewards(self, rows: Samples) -> Tensor:
         """`[N]` each turn's reward: the environment's, less any missing-EOS and overlong penalty of its reply."""
         rewards = torch.tensor([t.reward for e in self.last_episodes for t in e.turns], dtype=torch.float32)
-        if self.rl.missing_eos_penalty is not None:
-            rewards = rewards - self.rl.missing_eos_penalty * (~rows.eos).float()
-        if self.rl.overlong_buffer:
-            buffer = max(1, round(self.rl.overlong_buffer * self.rl.max_new_tokens))
-            lengths = rows.response_mask.sum(1)
-            rewards = rewards + overlong_penalty(lengths, self.rl.max_new_tokens, buffer, self.rl.overlong_penalty)
-        return rewards
+        return reply_penalties(rewards, rows.eos, rows.response_mask.sum(1), self.rl)
 
     def experience(self, episodes: list[Episode], beta: float) -> tuple[RolloutBatch, Tensor, Samples]:
         """The rows of `episodes` with the algorithm's advantages; also each episode's summed KL `[B]` (and

@@ -126,13 +126,41 @@ def sample_and_score(
         )
     with clock("reward"):
         scores = score_responses(reward_model, tok, s).to(s.response_ids.device)
+    return s, reply_penalties(scores, s.eos, s.response_mask.sum(1), cfg)
+
+
+def reply_penalties(scores: Tensor, eos: Tensor, lengths: Tensor, cfg: RLHFConfig) -> Tensor:
+    """`scores [B]` of replies less `cfg`'s missing-EOS penalty where a reply never ended (`eos [B]`) and plus DAPO's
+    overlong shaping of their `lengths [B]` (an agent's turns are penalized the same way)."""
     if cfg.missing_eos_penalty is not None:
-        scores = scores - cfg.missing_eos_penalty * (~s.eos).float()
+        scores = scores - cfg.missing_eos_penalty * (~eos).float()
     if cfg.overlong_buffer:
         buffer = max(1, round(cfg.overlong_buffer * cfg.max_new_tokens))
-        lengths = s.response_mask.sum(1)
         scores = scores + overlong_penalty(lengths, cfg.max_new_tokens, buffer, cfg.overlong_penalty)
-    return s, scores
+    return scores
+
+
+def frozen_reference(model, ref_model=None):
+    """The frozen reference of a policy that starts as `model`: `ref_model` (given on resume, say) or a copy of
+    `model`, in eval mode without gradients; None for a LoRA model (its adapters off are the reference)."""
+    if ref_model is None and not is_lora(model):
+        ref_model = copy.deepcopy(model)
+    return None if ref_model is None else ref_model.eval().requires_grad_(False)
+
+
+def policy_optimizer(policy: PolicyWithValueHead, ppo: PPOConfig) -> torch.optim.Optimizer:
+    """Two param groups: the language model's trainable weights, and the fresh value head (trained at
+    `value_lr_scale` times the learning rate: `ppo_update`'s `lr_scales`)."""
+    return make_optimizer(
+        [{"params": trainable_parameters(policy.lm)}, {"params": list(policy.value_head.parameters())}], ppo
+    )
+
+
+def kl_controller(cfg: RLHFConfig) -> AdaptiveKLController | FixedKLController:
+    """beta's controller: adaptive toward `kl_target` (Ziegler et al.) or fixed."""
+    if cfg.adaptive_kl:
+        return AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    return FixedKLController(cfg.kl_coef)
 
 
 def make_experience(
@@ -253,9 +281,7 @@ class RLHFTrainer:
         torch.manual_seed(seed)  # first: the value head's initialization draws from it
         # The frozen reference: the SFT model (a copy of the starting policy unless given, e.g. on resume), or
         # for a LoRA policy the same network with its adapters off (None).
-        if ref_model is None and not is_lora(sft_model):
-            ref_model = copy.deepcopy(sft_model)
-        self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.ref_model = frozen_reference(sft_model, ref_model)
         self.device = model_device(sft_model)
         if isinstance(reward_model, torch.nn.Module):
             reward_model = reward_model.eval().requires_grad_(False)
@@ -263,18 +289,11 @@ class RLHFTrainer:
         # eval(): dropout stays off. A critic-free algorithm keeps the value head frozen and never runs it.
         self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature, critic=self.algorithm.needs_values(ppo))
         # Two param groups: the language model, and the fresh value head at `value_lr_scale` times its lr.
-        self.optimizer = make_optimizer(
-            [{"params": trainable_parameters(self.policy.lm)}, {"params": list(self.policy.value_head.parameters())}],
-            ppo,
-        )
+        self.optimizer = policy_optimizer(self.policy, ppo)
         self.lr_scales = (1.0, cfg.value_lr_scale)
         # Under torchrun: DDP averages the update's gradients across ranks (and broadcasts rank 0's weights now).
         self.update_policy = data_parallel(self.policy, actor_critic=True)
-        self.kl_ctl = (
-            AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
-            if cfg.adaptive_kl
-            else FixedKLController(cfg.kl_coef)
-        )
+        self.kl_ctl = kl_controller(cfg)
         self.kl_average = MovingAverage(cfg.kl_limit_window)
         self.step_count = 0
         self.prompt_generator = torch.Generator().manual_seed(seed)
