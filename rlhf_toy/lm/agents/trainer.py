@@ -56,6 +56,9 @@ AGENT_UNREAD = {
     "kl_limit_window": "an agent run has no KL stop",
     "stop_at_eos": "an agent's reply always ends at EOS (the environment reads it then)",
     "save_every": "an agent run saves its policy at its end",
+    "async_rollouts": "an agent's episodes are sampled in this process (the sampler beside the update is the RLHF "
+    "loop's)",
+    "staleness": "an agent's episodes are sampled in this process (the sampler beside the update is the RLHF loop's)",
 }
 
 

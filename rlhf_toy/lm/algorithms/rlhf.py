@@ -37,6 +37,7 @@ from ..models.policy import PolicyWithValueHead
 from ..models.reward_ensemble import ScoredReward
 from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
+from .async_rollouts import Reply, RolloutWorker, experience_from_state, experience_state, rng_states
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
 from .rlhf_config import RLHFConfig
@@ -62,6 +63,8 @@ class Experience:
     prompts: list[str]  # [B] the prompts sampled (dynamic sampling draws more than one batch of them)
     response_mask: Tensor  # [B, R] 1 on every real response token
     sampling: dict[str, float]  # the sampling's own figures (equal groups, rounds)
+    beta: float = 0.0  # the KL coefficient its rewards were shaped with
+    version: int = 0  # the policy it was sampled with: the number of updates before it (`--async_rollouts`)
 
 
 def score_responses(reward_model, tok, s: Samples) -> Tensor:
@@ -301,6 +304,13 @@ class RLHFTrainer:
         self.stopped_by_kl_limit = False
         self.last_samples: list[dict[str, Any]] = []
         self.clock = PhaseClock()  # each step's time per phase: time/sample_s, ..., time/update_s
+        if cfg.async_rollouts and self.device.type != "cpu":
+            raise UserError(
+                f"--async_rollouts runs the sampler in a second CPU process; this run is on {self.device.type}: "
+                "drop --async_rollouts"
+            )
+        self.worker: RolloutWorker | None = None  # --async_rollouts: the sampling process, started by the first step
+        self.resumed_pending: Reply | None = None  # a checkpoint's batch sampled ahead, consumed by the next step
 
     def next_prompts(self) -> list[str]:
         """batch_size / group_size distinct prompts, each repeated group_size times in a row."""
@@ -368,9 +378,11 @@ class RLHFTrainer:
             sampling["solved_groups"], sampling["failed_groups"] = outcomes[0] / groups, outcomes[1] / groups
         if cfg.dynamic_sampling:
             sampling["filled_groups"] = float(filled)
-        return experience_from(
+        exp = experience_from(
             self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling, self.clock
         )
+        exp.beta, exp.version = beta, self.step_count
+        return exp
 
     def group_outcomes(self, s: Samples, k: int, counts: list[int]) -> list[int] | None:
         """`counts` plus this round's groups that the gold judge marks all right and all wrong, when it is a checker
@@ -383,11 +395,27 @@ class RLHFTrainer:
         g = gold.view(-1, k)
         return [counts[0] + int((g == 1).all(1).sum()), counts[1] + int((g == 0).all(1).sum())]
 
+    def experience(self) -> tuple[Experience, dict[str, float]]:
+        """This step's batch and the phase times of its sampling when another process did it (`--async_rollouts`:
+        sampled by the worker, staleness 1 with the weights before the last update)."""
+        if not self.cfg.async_rollouts:
+            return self.rollouts(self.kl_ctl.beta), {}
+        if self.worker is None:
+            self.worker = RolloutWorker(self, self.resumed_pending)
+        return self.worker.next(self, self.kl_ctl.beta)
+
+    def close(self) -> None:
+        """Stop the sampling process of `--async_rollouts` (none otherwise). A batch in flight is dropped: stepping
+        on samples it afresh (a checkpoint, `state()`, receives it first and is exact)."""
+        if self.worker is not None:
+            self.resumed_pending = self.worker.pending
+            self.worker.close()
+            self.worker = None
+
     def _step(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        beta = self.kl_ctl.beta
-        exp = self.rollouts(beta)
-        prompts = exp.prompts
+        exp, sampler_phases = self.experience()
+        beta, prompts = exp.beta, exp.prompts  # the batch's own beta (the step before's, when sampled ahead)
         t_rollout = time.perf_counter() - t0
         mask = exp.response_mask
         seq_kl = exp.kl.sum(1)
@@ -432,10 +460,12 @@ class RLHFTrainer:
             "policy/distinct_2": distinct_2(exp.texts),
             **{f"ppo/{k}": v for k, v in stats.items()},
             **{f"sampling/{k}": v for k, v in exp.sampling.items()},
-            "time/rollout_s": t_rollout,
+            "time/rollout_s": t_rollout,  # under --async_rollouts: the wait for the sampler, not its phases
             "time/step_s": time.perf_counter() - t0,
-            **{f"time/{phase}_s": v for phase, v in self.clock.take().items()},  # sample, reward, ..., update
+            **{f"time/{phase}_s": v for phase, v in {**sampler_phases, **self.clock.take()}.items()},  # sample, ...
         }
+        if self.cfg.async_rollouts:
+            metrics["policy/staleness"] = float(self.step_count - 1 - exp.version)  # updates since its sampling
         metrics["time/episodes_per_s"] = len(prompts) / metrics["time/step_s"]
         if gold is not None:
             metrics["objective/gold"] = float(np.mean(gold))
@@ -473,6 +503,7 @@ class RLHFTrainer:
     def state(self) -> dict[str, Any]:
         """The trainer's state; a collective call under torchrun (the RNG states are every rank's, in rank order,
         so that a resumed run draws what each rank would have drawn)."""
+        pending = self.pending_state()  # first: receiving the batch in flight advances the sampling RNG states
         return {
             "step": self.step_count,
             "value_head": self.policy.value_head.state_dict(),
@@ -490,7 +521,17 @@ class RLHFTrainer:
             "config": asdict(self.cfg),
             "ppo": self.ppo.to_dict(),
             "stopped_by_kl_limit": self.stopped_by_kl_limit,
+            "pending": gather(pending),  # every rank's batch sampled ahead, in rank order (each is None without one)
         }
+
+    def pending_state(self) -> dict[str, Any] | None:
+        """The batch sampled ahead under `--async_rollouts` (received first if in flight), as plain types: a resumed
+        run consumes the same batch."""
+        pending = self.worker.settle(self) if self.worker is not None else self.resumed_pending
+        if pending is None:
+            return None
+        exp, phases, gold, _ = pending
+        return {"experience": experience_state(exp), "phases": phases, "gold": gold}
 
     def load_state(self, state: dict[str, Any]) -> None:
         rank, world = rank_and_world()
@@ -510,3 +551,7 @@ class RLHFTrainer:
         self.prompt_generator.set_state(rng["prompt"])
         self.update_generator.set_state(rng["update"])
         self.stopped_by_kl_limit = bool(state.get("stopped_by_kl_limit", False))
+        pending = state.get("pending", [None] * world)[rank]
+        if pending is not None:  # its RNG states are the ones just loaded: those after it was sampled
+            exp = experience_from_state(pending["experience"])
+            self.resumed_pending = (exp, pending["phases"], pending["gold"], rng_states(self))

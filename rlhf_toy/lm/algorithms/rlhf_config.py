@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhf_toy.config import TracksGiven, check, option
+from rlhf_toy.errors import UserError
 from rlhf_toy.losses import KL_ESTIMATORS
 
 
@@ -71,6 +72,17 @@ class RLHFConfig(TracksGiven):
         0,
     )
     eval_prompts: int = option("Held-out prompts of that evaluation.", 200)
+    async_rollouts: bool = option(
+        "Sample and score the next batch in a second process (one torch thread, on another core) while this one "
+        "updates, with the weights of the step before (PipelineRL, AReaL, TRL's async GRPO): pi_old is the "
+        "sampler's; policy/staleness logs how many versions behind each batch is. CPU only.",
+        False,
+    )
+    staleness: int = option(
+        "Policy versions the sampled batch is behind the update under --async_rollouts: 1 overlaps sampling with "
+        "the update; 0 does not (the synchronous run's numbers, bit for bit: a check).",
+        1,
+    )
     reward_reads: str = option(
         "How the reward model reads replies: auto (token ids when it shares the policy's "
         "tokenizer, else text), ids, or text.",
@@ -100,6 +112,16 @@ class RLHFConfig(TracksGiven):
         check(self.group_size >= 1, "group_size", self.group_size, ">= 1 (RLOO and GRPO: >= 2)")
         check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")
         check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0 (0: never)")
+        check(
+            self.staleness in (0, 1),
+            "staleness",
+            self.staleness,
+            "0 or 1 (one sampling process beside one updating process has nothing deeper to overlap)",
+        )
+        if self.staleness != 1 and not self.async_rollouts:  # a setting nothing reads is refused, never ignored
+            raise UserError(
+                f"--staleness {self.staleness} is read only with --async_rollouts; add it or drop --staleness"
+            )
         check(self.eval_prompts >= 1, "eval_prompts", self.eval_prompts, ">= 1")
 
     @property

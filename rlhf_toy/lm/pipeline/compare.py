@@ -74,6 +74,10 @@ class CompareConfig:
         "episodes and wall time; 0: only at the end).",
         10,
     )
+    async_rollouts: bool = option(
+        "Every online run samples its next batch beside its update (each run's --async_rollouts, staleness 1).",
+        False,
+    )
     remedies: str = option(
         "Comma-separated remedies against reward over-optimization, each online method run under each: "
         f"{', '.join(REMEDIES)} (none: the run's reward model alone). The ensemble and WARM reward models are "
@@ -172,6 +176,8 @@ def online_settings(
     # a batch smaller than the preset's minibatch is one minibatch
     minibatch = cfg.minibatch_size or min(algorithm.preset.minibatch_size, cfg.batch_size)
     budget = {"steps": steps, "batch_size": cfg.batch_size, "save_every": 0, "minibatch_size": minibatch}
+    if cfg.async_rollouts:
+        budget["async_rollouts"] = True
     return algorithm.configs(**budget, **kl, **tokens, **evals, **lr, **(rl or {}))
 
 
@@ -232,6 +238,7 @@ def run_comparison(run: RunConfig, cfg: CompareConfig) -> dict[str, Any]:
         "batch_size": cfg.batch_size,
         "kl_coef": cfg.betas if len(cfg.betas) > 1 else cfg.betas[0],
         "minibatch_size": cfg.minibatch_size,
+        "async_rollouts": cfg.async_rollouts,
         "seeds": cfg.seed_list,
         "remedies": {r.name: r.summary for r in remedies},
         "uncertainty_coef": run.uncertainty_coef,

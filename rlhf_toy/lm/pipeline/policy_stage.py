@@ -229,6 +229,7 @@ class PolicyRun:
             write_report([self.out.path])
 
     def close(self) -> None:
+        self.trainer.close()  # the sampling process of --async_rollouts
         self.logger.close()
         self.samples_log.close()
 

@@ -1,0 +1,175 @@
+"""Rollouts beside updates (`--async_rollouts`): a forked process samples and scores the next batch with the
+weights of the step before while this process runs the update, so both cores work (PipelineRL, AReaL and TRL's
+async GRPO do this on GPUs with vLLM; here it is the CPU's second core).
+
+The protocol is a strict pipeline, so a run is as reproducible as a synchronous one. Step k (policy version k-1
+before its update, k after):
+
+    staleness 1:  receive batch k (sampled with version k-2) -> hand over version k-1 -> request batch k+1 -> update
+    staleness 0:  hand over version k-1 -> request batch k -> receive it -> update      (no overlap: a check)
+
+The sampler's weights live in shared memory and are written only while it is idle (between a reply and the next
+request), so a handover is one copy of the trained parameters and never races the sampler. Each request carries the
+sampling RNG states (torch's global generator, the prompt generator) and each reply returns them advanced, so the
+states live in this process as in a synchronous run: with staleness 0 every number equals the synchronous run's bit
+for bit (tested), and a checkpoint is exact: it first receives the batch in flight and saves it (`pending`), so a
+resumed run consumes the same batch the uninterrupted one did.
+
+The sampler runs on one torch thread: a forked process cannot start a second OpenMP pool once the parent has used
+one (GNU OpenMP hangs), and sampling is the lighter phase. The update keeps the rest of the threads (at least one).
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import pickle
+import traceback
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlhf_toy.errors import UserError
+from rlhf_toy.ppo import RolloutBatch
+
+if TYPE_CHECKING:
+    from .rlhf import Experience, RLHFTrainer
+
+# What one reply holds: the experience (with its beta and policy version), the sampler's phase times, the gold judge's
+# values of its last sampling round (None: no checker), and the sampling RNG states after it.
+Reply = tuple["Experience", dict[str, float], Any, tuple[torch.Tensor, torch.Tensor]]
+
+
+def experience_state(exp: Experience) -> dict[str, Any]:
+    """An `Experience` as tensors and plain types (a checkpoint is read with `weights_only=True`)."""
+    state = {f.name: getattr(exp, f.name) for f in fields(exp)}
+    state["batch"] = tuple(exp.batch)
+    return state
+
+
+def experience_from_state(state: dict[str, Any]) -> Experience:
+    from .rlhf import Experience
+
+    return Experience(**{**state, "batch": RolloutBatch(*state["batch"])})
+
+
+def rng_states(trainer: RLHFTrainer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The states sampling draws from: torch's global generator (the tokens) and the prompt generator."""
+    return torch.get_rng_state(), trainer.prompt_generator.get_state()
+
+
+def set_rng_states(trainer: RLHFTrainer, states: tuple[torch.Tensor, torch.Tensor]) -> None:
+    torch.set_rng_state(states[0])
+    trainer.prompt_generator.set_state(states[1])
+
+
+def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> None:
+    """The sampling process: `trainer` (forked) with `sampler` (shared memory) as its policy answers each request
+    `(step_count, policy version, beta, rng states)` with a `Reply`, or `("error", exception, traceback)`; None or
+    EOF ends it."""
+    parent_end.close()  # so that the parent's death reads as EOF here
+    torch.set_num_threads(1)
+    trainer.policy = sampler
+    while True:
+        try:
+            request = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if request is None:
+            return
+        trainer.step_count, version, beta, states = request  # step_count: errors name the step that consumes it
+        set_rng_states(trainer, states)
+        try:
+            exp = trainer.rollouts(beta)
+            exp.version = version
+            reply: Any = ("ok", (exp, trainer.clock.take(), trainer.round_gold, rng_states(trainer)))
+        except BaseException as exc:  # sent back whole: the parent raises it where a synchronous run would
+            reply = ("error", exc, traceback.format_exc())
+        trainer.round_gold = None
+        try:
+            payload = pickle.dumps(reply)
+        except Exception:  # an exception that does not pickle: its text
+            payload = pickle.dumps(("error", RuntimeError(f"{reply[1]!r}"), reply[-1]))
+        try:
+            conn.send_bytes(payload)
+        except BrokenPipeError:  # the parent died while this batch was sampled
+            return
+
+
+class RolloutWorker:
+    """The sampling process of one `RLHFTrainer` and the pipeline's state (the batch in flight or received)."""
+
+    def __init__(self, trainer: RLHFTrainer, pending: Reply | None = None) -> None:
+        self.staleness = trainer.cfg.staleness
+        # The sampler's own copy, in shared memory: the handover writes the trained parameters into it.
+        self.sampler = copy.deepcopy(trainer.policy).share_memory()
+        sampled = dict(self.sampler.named_parameters())
+        self.trained = [(p, sampled[n]) for n, p in trainer.policy.named_parameters() if p.requires_grad]
+        torch.set_num_threads(max(1, torch.get_num_threads() - 1))  # the sampler takes one core
+        ctx = mp.get_context("fork")  # the trainer (models, reward, judge) as it is, nothing pickled
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=serve, args=(trainer, self.sampler, child, self.conn), daemon=True, name="rlhf-toy-sampler"
+        )
+        self.process.start()
+        child.close()
+        self.in_flight = False
+        self.pending = pending
+
+    def hand_over(self, trainer: RLHFTrainer) -> None:
+        """The current weights into the idle sampler's shared memory."""
+        with torch.no_grad():
+            for p, q in self.trained:
+                q.copy_(p)
+
+    def request(self, trainer: RLHFTrainer, beta: float) -> None:
+        """Hand over the current policy and ask for the batch of step `step_count + 1 + staleness`."""
+        self.hand_over(trainer)
+        request = (trainer.step_count + self.staleness, trainer.step_count, beta, rng_states(trainer))
+        self.conn.send_bytes(pickle.dumps(request))
+        self.in_flight = True
+
+    def receive(self, trainer: RLHFTrainer) -> None:
+        """Wait for the batch in flight; keep it as `pending` and take its RNG states."""
+        try:
+            reply = pickle.loads(self.conn.recv_bytes())
+        except EOFError:
+            self.process.join(5)
+            raise UserError(
+                f"the sampling process of --async_rollouts died (exit code {self.process.exitcode}; out of memory?);"
+                " resume with --resume, or run without --async_rollouts"
+            ) from None
+        self.in_flight = False
+        if reply[0] == "error":
+            exc, where = reply[1], reply[2]
+            if isinstance(exc, UserError):
+                raise exc
+            raise RuntimeError(f"the sampling process failed:\n{where}") from exc
+        self.pending = reply[1]
+        set_rng_states(trainer, reply[1][3])
+
+    def next(self, trainer: RLHFTrainer, beta: float) -> tuple[Experience, dict[str, float]]:
+        """This step's experience and the sampler's phase times; with staleness 1 the next batch is on its way."""
+        if self.pending is None:
+            if not self.in_flight:
+                self.request(trainer, beta)
+            self.receive(trainer)
+        assert self.pending is not None
+        exp, phases, trainer.round_gold, _ = self.pending
+        self.pending = None
+        if self.staleness:  # even after the last step: a run resumed for more steps goes on exactly as a longer one
+            self.request(trainer, beta)  # sampled with this update's starting weights while it runs
+        return exp, phases
+
+    def settle(self, trainer: RLHFTrainer) -> Reply | None:
+        """The batch in flight, received (a checkpoint saves it so a resumed run consumes the same batch)."""
+        if self.in_flight:
+            self.receive(trainer)
+        return self.pending
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(10)
+        self.conn.close()
