@@ -71,13 +71,15 @@ def ours(
     model_dir: str | None = None,
     algorithm: str = "ppo",
     count_flops: bool = False,
+    async_rollouts: bool = False,
 ) -> dict[str, Any]:
     """This project's PPO (or RLOO / GRPO with 4 replies per prompt and the algorithm's own preset: RLOO one
     pass of 4 minibatches, GRPO 4 clipped epochs of them and the KL as a k3 term in the loss, as TRL's
     trainers do) on a random tiny GPT-2 of the given size, or on the pretrained model in `model_dir` (policy
     from it, reward model = its trunk with a fresh scalar head, as the TRL runners build them). `count_flops` runs
     the steps under torch's `FlopCounterMode` and reports their matrix-multiply GFLOPs per step (`gflops_per_step`,
-    as the TRL runners' `--count-flops`; the counter slows the run, so its times are no measurement)."""
+    as the TRL runners' `--count-flops`; the counter slows the run, so its times are no measurement).
+    `async_rollouts`: sample each batch in a second process beside the update (one more thread; `--async_rollouts`)."""
     torch.set_num_threads(threads)
     quiet_libraries()
     task = bench_task()
@@ -117,6 +119,7 @@ def ours(
         # As TRL's trainers: GRPOTrainer puts beta x k3 in the loss, RLOO and PPO keep the KL in the reward.
         kl_in="loss" if alg.grouped and alg.policy_loss == "clipped" else "reward",
         **(update or {"minibatch_size": batch_size // 4}),
+        async_rollouts=async_rollouts,
     )
     trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
     t0 = time.perf_counter()
@@ -125,6 +128,7 @@ def ours(
         for _ in range(rl.steps):
             rows.append(trainer.step())
     train_s = time.perf_counter() - t0
+    trainer.close()
     assert all(r["policy/response_length"] == response_length for r in rows), rows
     n = rl.steps * batch_size
     later = rows[1:] or rows  # the first step pays one-time costs (allocations, thread pools)
@@ -143,7 +147,7 @@ def ours(
         value_head_weights(trainer.policy),
     )
     return {
-        "peer": "rlhf-toy",
+        "peer": "rlhf-toy-async" if async_rollouts else "rlhf-toy",
         "algorithm": algorithm,
         "episodes": n,
         "batch_size": batch_size,

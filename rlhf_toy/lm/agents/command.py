@@ -94,7 +94,7 @@ def agent_command(args: list[str]) -> Command:
         COMMANDS["agent"].help,
         (AgentRunConfig, AgentConfig, RLHFConfig, "rlhf_toy.ppo:PPOConfig", LoraConfig),
         run_agent,
-        defaults={**defaults, "env": env, "algorithm": algorithm.name},
+        defaults={**defaults, "env": env, "algorithm": algorithm.name, "async_rollouts": False},  # agent_settings
         unread={**algorithm.unread, **AGENT_UNREAD},
     )
 

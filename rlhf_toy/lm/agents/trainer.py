@@ -109,7 +109,9 @@ def agent_settings(record: EnvRecord, algorithm: OnlineAlgorithm, rl: RLHFConfig
     for name, why in AGENT_UNREAD.items():
         if rl is not None and name in given(rl) and getattr(rl, name) != FIELD_DEFAULTS[name]:
             raise UserError(f"an agent run does not read {name}: {why}; leave it out")
-    return algorithm.settle(rl, ppo, {"max_new_tokens": record.max_new_tokens, **record.settings})
+    rl, ppo = algorithm.settle(rl, ppo, {"max_new_tokens": record.max_new_tokens, **record.settings})
+    return replace(rl, async_rollouts=False), ppo  # an agent samples its episodes in its own process (GRPO's record
+    # samples beside the update in the RLHF loop)
 
 
 @torch.no_grad()

@@ -25,33 +25,32 @@ import copy
 import multiprocessing as mp
 import pickle
 import traceback
-from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn, Protocol
 
 import torch
 
 from rlhf_toy.errors import UserError
-from rlhf_toy.ppo import RolloutBatch
+from rlhf_toy.runtime import PhaseClock
 
-if TYPE_CHECKING:
-    from .rlhf import Experience, RLHFTrainer
+from .experience import Experience
+
+
+class RLHFTrainer(Protocol):
+    """What the sampler reads and sets of an `rlhf.RLHFTrainer` (which imports this module, so named here)."""
+
+    policy: Any
+    cfg: Any
+    clock: PhaseClock
+    prompt_generator: torch.Generator
+    step_count: int
+    round_gold: Any
+
+    def rollouts(self, beta: float) -> Experience: ...
+
 
 # What one reply holds: the experience (with its beta and policy version), the sampler's phase times, the gold judge's
 # values of its last sampling round (None: no checker), and the sampling RNG states after it.
-Reply = tuple["Experience", dict[str, float], Any, tuple[torch.Tensor, torch.Tensor]]
-
-
-def experience_state(exp: Experience) -> dict[str, Any]:
-    """An `Experience` as tensors and plain types (a checkpoint is read with `weights_only=True`)."""
-    state = {f.name: getattr(exp, f.name) for f in fields(exp)}
-    state["batch"] = tuple(exp.batch)
-    return state
-
-
-def experience_from_state(state: dict[str, Any]) -> Experience:
-    from .rlhf import Experience
-
-    return Experience(**{**state, "batch": RolloutBatch(*state["batch"])})
+Reply = tuple[Experience, dict[str, float], Any, tuple[torch.Tensor, torch.Tensor]]
 
 
 def rng_states(trainer: RLHFTrainer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,19 +126,18 @@ class RolloutWorker:
         """Hand over the current policy and ask for the batch of step `step_count + 1 + staleness`."""
         self.hand_over(trainer)
         request = (trainer.step_count + self.staleness, trainer.step_count, beta, rng_states(trainer))
-        self.conn.send_bytes(pickle.dumps(request))
+        try:
+            self.conn.send_bytes(pickle.dumps(request))
+        except OSError:  # a broken pipe: the sampler is gone
+            self.died()
         self.in_flight = True
 
     def receive(self, trainer: RLHFTrainer) -> None:
         """Wait for the batch in flight; keep it as `pending` and take its RNG states."""
         try:
             reply = pickle.loads(self.conn.recv_bytes())
-        except EOFError:
-            self.process.join(5)
-            raise UserError(
-                f"the sampling process of --async_rollouts died (exit code {self.process.exitcode}; out of memory?);"
-                " resume with --resume, or run without --async_rollouts"
-            ) from None
+        except (EOFError, OSError):
+            self.died()
         self.in_flight = False
         if reply[0] == "error":
             exc, where = reply[1], reply[2]
@@ -148,6 +146,14 @@ class RolloutWorker:
             raise RuntimeError(f"the sampling process failed:\n{where}") from exc
         self.pending = reply[1]
         set_rng_states(trainer, reply[1][3])
+
+    def died(self) -> NoReturn:
+        self.in_flight = False
+        self.process.join(5)
+        raise UserError(
+            f"the sampling process of --async_rollouts died (exit code {self.process.exitcode}; out of memory?); "
+            "resume with --resume, or run without --async_rollouts"
+        ) from None
 
     def next(self, trainer: RLHFTrainer, beta: float) -> tuple[Experience, dict[str, float]]:
         """This step's experience and the sampler's phase times; with staleness 1 the next batch is on its way."""

@@ -416,6 +416,9 @@ ALGORITHMS: dict[str, OnlineAlgorithm] = {
             "clipped",
             uses_critic=False,
             default_group_size=GROUP_SIZE,
+            # Sampling beside the update: on the toy comparison (3 seeds, 6,400 episodes) the same held-out gold
+            # (0.857 against 0.856 synchronously) in 0.78x the wall time (docs/results/algorithms.md).
+            rollout={"async_rollouts": True},
             paper="Shao et al. 2024, arXiv 2402.03300",
         ),
         OnlineAlgorithm(

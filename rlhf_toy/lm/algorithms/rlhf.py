@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlhf_toy.advantages import equal_groups
 from rlhf_toy.distributed import check_in_sync, data_parallel, gather, mean_across_ranks, rank_and_world
-from rlhf_toy.errors import UserError
+from rlhf_toy.errors import UserError, note_once
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 from rlhf_toy.runtime import PhaseClock
@@ -37,7 +37,8 @@ from ..models.policy import PolicyWithValueHead
 from ..models.reward_ensemble import ScoredReward
 from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
-from .async_rollouts import Reply, RolloutWorker, experience_from_state, experience_state, rng_states
+from .async_rollouts import Reply, RolloutWorker, rng_states
+from .experience import Experience, experience_from_state, experience_state
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
 from .rlhf_config import RLHFConfig
@@ -48,23 +49,6 @@ SAMPLES_KEPT = 5  # replies of each step kept with their figures (`last_samples`
 def lm_ppo_config(**overrides: Any) -> PPOConfig:
     """`LM_PPO` with the given fields changed (`dataclasses.replace`)."""
     return replace(LM_PPO, **overrides)
-
-
-@dataclass
-class Experience:
-    """One step's rollouts: everything `ppo_update` and the logs need. Tensors are `[B, R]` unless noted."""
-
-    batch: RolloutBatch  # its mask is the loss's (without truncated replies under `mask_truncated`)
-    scores: Tensor  # [B] reward-model scores (after any EOS or overlong penalty)
-    kl: Tensor  # [B, R] per-token k1 KL (0 on padding): what is logged
-    texts: list[str]
-    eos: Tensor  # [B]
-    entropy: Tensor
-    prompts: list[str]  # [B] the prompts sampled (dynamic sampling draws more than one batch of them)
-    response_mask: Tensor  # [B, R] 1 on every real response token
-    sampling: dict[str, float]  # the sampling's own figures (equal groups, rounds)
-    beta: float = 0.0  # the KL coefficient its rewards were shaped with
-    version: int = 0  # the policy it was sampled with: the number of updates before it (`--async_rollouts`)
 
 
 def score_responses(reward_model, tok, s: Samples) -> Tensor:
@@ -242,6 +226,9 @@ class RLHFTrainer:
     model: then only the adapters train and the reference is the same network with the adapters off (no copy).
     `reward_model`: a `RewardModel`, a scalar-head module that shares `tok`, or a callable
     `(prompts, texts) -> scores`.
+
+    With `RLHFConfig(async_rollouts=True)` the first `step()` forks the sampling process (`async_rollouts.py`);
+    call `close()` when done with the trainer (the process is a daemon: it also ends with this one).
     """
 
     def __init__(
@@ -304,11 +291,12 @@ class RLHFTrainer:
         self.stopped_by_kl_limit = False
         self.last_samples: list[dict[str, Any]] = []
         self.clock = PhaseClock()  # each step's time per phase: time/sample_s, ..., time/update_s
-        if cfg.async_rollouts and self.device.type != "cpu":
-            raise UserError(
-                f"--async_rollouts runs the sampler in a second CPU process; this run is on {self.device.type}: "
-                "drop --async_rollouts"
+        if cfg.async_rollouts and self.device.type != "cpu":  # said, and `self.cfg` says what runs
+            note_once(
+                f"--async_rollouts samples in a second CPU process; this run is on {self.device.type}, so it samples "
+                "synchronously"
             )
+            self.cfg = cfg = replace(cfg, async_rollouts=False)
         self.worker: RolloutWorker | None = None  # --async_rollouts: the sampling process, started by the first step
         self.resumed_pending: Reply | None = None  # a checkpoint's batch sampled ahead, consumed by the next step
 

@@ -74,9 +74,10 @@ class CompareConfig:
         "episodes and wall time; 0: only at the end).",
         10,
     )
-    async_rollouts: bool = option(
-        "Every online run samples its next batch beside its update (each run's --async_rollouts, staleness 1).",
-        False,
+    async_rollouts: bool | None = option(
+        "Every online run samples its next batch beside its update (True) or not (False); None: as each "
+        "algorithm's record does (GRPO's beside it, the others' not).",
+        None,
     )
     remedies: str = option(
         "Comma-separated remedies against reward over-optimization, each online method run under each: "
@@ -176,8 +177,8 @@ def online_settings(
     # a batch smaller than the preset's minibatch is one minibatch
     minibatch = cfg.minibatch_size or min(algorithm.preset.minibatch_size, cfg.batch_size)
     budget = {"steps": steps, "batch_size": cfg.batch_size, "save_every": 0, "minibatch_size": minibatch}
-    if cfg.async_rollouts:
-        budget["async_rollouts"] = True
+    if cfg.async_rollouts is not None:
+        budget["async_rollouts"] = cfg.async_rollouts
     return algorithm.configs(**budget, **kl, **tokens, **evals, **lr, **(rl or {}))
 
 
