@@ -122,6 +122,22 @@ def test_staleness_one_samples_with_the_weights_before_the_last_update(llama):
     assert again == rows and all(torch.equal(a, b) for a, b in zip(weights, again_weights))
 
 
+def test_the_sampler_takes_one_thread_and_close_gives_it_back(llama):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    trainer = make(llama, async_rollouts=True)
+    try:
+        trainer.step()
+        assert torch.get_num_threads() == 1  # the update's, while the sampler has the other
+        trainer.close()
+        assert torch.get_num_threads() == 2
+        trainer.step()  # a closed trainer steps on with a new sampler (the batch in flight sampled afresh)
+        assert trainer.step_count == 2 and torch.get_num_threads() == 1
+    finally:
+        trainer.close()
+        torch.set_num_threads(threads)
+
+
 def test_grpo_samples_beside_its_update_by_its_record_and_the_others_do_not(llama):
     """The frontier comparison made it GRPO's default (docs/results/algorithms.md); a caller naming GRPO gets it,
     and one who says False gets the synchronous loop."""

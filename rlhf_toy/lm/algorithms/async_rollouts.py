@@ -105,7 +105,8 @@ class RolloutWorker:
         self.sampler = copy.deepcopy(trainer.policy).share_memory()
         sampled = dict(self.sampler.named_parameters())
         self.trained = [(p, sampled[n]) for n, p in trainer.policy.named_parameters() if p.requires_grad]
-        torch.set_num_threads(max(1, torch.get_num_threads() - 1))  # the sampler takes one core
+        self.threads = torch.get_num_threads()  # given back by `close`
+        torch.set_num_threads(max(1, self.threads - 1))  # the sampler takes one core
         ctx = mp.get_context("fork")  # the trainer (models, reward, judge) as it is, nothing pickled
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
@@ -179,3 +180,4 @@ class RolloutWorker:
             self.process.terminate()
         self.process.join(10)
         self.conn.close()
+        torch.set_num_threads(self.threads)
