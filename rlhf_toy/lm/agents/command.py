@@ -35,7 +35,7 @@ from ..models.lora import LoraConfig, add_lora
 from ..pipeline.run import quiet_libraries
 from .registry import EnvRecord, get_env
 from .rollout import demo_pairs, demonstrate
-from .trainer import AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds
+from .trainer import AGENT_ROLLOUT, AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds
 
 
 @dataclass
@@ -94,7 +94,7 @@ def agent_command(args: list[str]) -> Command:
         COMMANDS["agent"].help,
         (AgentRunConfig, AgentConfig, RLHFConfig, "rlhf_toy.ppo:PPOConfig", LoraConfig),
         run_agent,
-        defaults={**defaults, "env": env, "algorithm": algorithm.name, "async_rollouts": False},  # agent_settings
+        defaults={**defaults, **AGENT_ROLLOUT, "env": env, "algorithm": algorithm.name},
         unread={**algorithm.unread, **AGENT_UNREAD},
     )
 

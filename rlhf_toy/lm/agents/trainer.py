@@ -48,6 +48,11 @@ from .rollout import Episode, RolloutSettings, run_episodes, summary
 
 CREDITS = ("turn", "token")
 # RLHFConfig's settings an agent run does not read, with why (its command refuses them; the Python API too).
+# The RLHF loop's sampler beside its update (GRPO's record turns it on) is not the agent loop's: an agent's episodes
+# are sampled in its own process, so every agent run sets these, the command's defaults included.
+AGENT_ROLLOUT = {"async_rollouts": False}
+IN_PROCESS = "an agent's episodes are sampled in its own process (the sampler beside the update is the RLHF loop's)"
+
 AGENT_UNREAD = {
     "reward_reads": "an agent's reward is its environment's, not a reward model's",
     "eval_every": "an agent run evaluates on held-out starting states at its end (--eval_episodes)",
@@ -56,9 +61,8 @@ AGENT_UNREAD = {
     "kl_limit_window": "an agent run has no KL stop",
     "stop_at_eos": "an agent's reply always ends at EOS (the environment reads it then)",
     "save_every": "an agent run saves its policy at its end",
-    "async_rollouts": "an agent's episodes are sampled in this process (the sampler beside the update is the RLHF "
-    "loop's)",
-    "staleness": "an agent's episodes are sampled in this process (the sampler beside the update is the RLHF loop's)",
+    "async_rollouts": IN_PROCESS,
+    "staleness": IN_PROCESS,
 }
 
 
@@ -110,8 +114,7 @@ def agent_settings(record: EnvRecord, algorithm: OnlineAlgorithm, rl: RLHFConfig
         if rl is not None and name in given(rl) and getattr(rl, name) != FIELD_DEFAULTS[name]:
             raise UserError(f"an agent run does not read {name}: {why}; leave it out")
     rl, ppo = algorithm.settle(rl, ppo, {"max_new_tokens": record.max_new_tokens, **record.settings})
-    return replace(rl, async_rollouts=False), ppo  # an agent samples its episodes in its own process (GRPO's record
-    # samples beside the update in the RLHF loop)
+    return replace(rl, **AGENT_ROLLOUT), ppo
 
 
 @torch.no_grad()

@@ -48,9 +48,10 @@ class RLHFTrainer(Protocol):
     def rollouts(self, beta: float) -> Experience: ...
 
 
-# What one reply holds: the experience (with its beta and policy version), the sampler's phase times, the gold judge's
-# values of its last sampling round (None: no checker), and the sampling RNG states after it.
-Reply = tuple[Experience, dict[str, float], Any, tuple[torch.Tensor, torch.Tensor]]
+# A batch sampled ahead: the experience (with its beta and policy version), the sampler's phase times, and the gold
+# judge's values of its last sampling round (None: no checker). The RNG states after it travel beside it in a reply
+# and are set in this process on receipt, so a batch kept or saved does not carry them.
+Reply = tuple[Experience, dict[str, float], Any]
 
 
 def rng_states(trainer: RLHFTrainer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +66,8 @@ def set_rng_states(trainer: RLHFTrainer, states: tuple[torch.Tensor, torch.Tenso
 
 def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> None:
     """The sampling process: `trainer` (forked) with `sampler` (shared memory) as its policy answers each request
-    `(step_count, policy version, beta, rng states)` with a `Reply`, or `("error", exception, traceback)`; None or
-    EOF ends it."""
+    `(step_count, policy version, beta, rng states)` with `("ok", Reply, rng states after it)`, or
+    `("error", exception, traceback)`; None or EOF ends it."""
     parent_end.close()  # so that the parent's death reads as EOF here
     torch.set_num_threads(1)
     trainer.policy = sampler
@@ -82,7 +83,7 @@ def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> N
         try:
             exp = trainer.rollouts(beta)
             exp.version = version
-            reply: Any = ("ok", (exp, trainer.clock.take(), trainer.round_gold, rng_states(trainer)))
+            reply: Any = ("ok", (exp, trainer.clock.take(), trainer.round_gold), rng_states(trainer))
         except BaseException as exc:  # sent back whole: the parent raises it where a synchronous run would
             reply = ("error", exc, traceback.format_exc())
         trainer.round_gold = None
@@ -146,7 +147,7 @@ class RolloutWorker:
                 raise exc
             raise RuntimeError(f"the sampling process failed:\n{where}") from exc
         self.pending = reply[1]
-        set_rng_states(trainer, reply[1][3])
+        set_rng_states(trainer, reply[2])
 
     def died(self) -> NoReturn:
         self.in_flight = False
@@ -163,7 +164,7 @@ class RolloutWorker:
                 self.request(trainer, beta)
             self.receive(trainer)
         assert self.pending is not None
-        exp, phases, trainer.round_gold, _ = self.pending
+        exp, phases, trainer.round_gold = self.pending
         self.pending = None
         if self.staleness:  # even after the last step: a run resumed for more steps goes on exactly as a longer one
             self.request(trainer, beta)  # sampled with this update's starting weights while it runs

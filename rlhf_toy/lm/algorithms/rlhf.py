@@ -37,7 +37,7 @@ from ..models.policy import PolicyWithValueHead
 from ..models.reward_ensemble import ScoredReward
 from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
-from .async_rollouts import Reply, RolloutWorker, rng_states
+from .async_rollouts import Reply, RolloutWorker
 from .experience import Experience, experience_from_state, experience_state
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
@@ -518,7 +518,7 @@ class RLHFTrainer:
         pending = self.worker.settle(self) if self.worker is not None else self.resumed_pending
         if pending is None:
             return None
-        exp, phases, gold, _ = pending
+        exp, phases, gold = pending
         return {"experience": experience_state(exp), "phases": phases, "gold": gold}
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -540,6 +540,6 @@ class RLHFTrainer:
         self.update_generator.set_state(rng["update"])
         self.stopped_by_kl_limit = bool(state.get("stopped_by_kl_limit", False))
         pending = state.get("pending", [None] * world)[rank]
-        if pending is not None:  # its RNG states are the ones just loaded: those after it was sampled
+        if pending is not None:  # the RNG states just loaded are those after it was sampled
             exp = experience_from_state(pending["experience"])
-            self.resumed_pending = (exp, pending["phases"], pending["gold"], rng_states(self))
+            self.resumed_pending = (exp, pending["phases"], pending["gold"])
