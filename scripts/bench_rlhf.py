@@ -15,9 +15,11 @@ against GRPOTrainer with the matching loss_type / epsilon_high / importance_samp
     python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm grpo --repeats 3
     python scripts/bench_rlhf.py --trl-python .venv-trl-new/bin/python --algorithm dapo --sizes 4x128
     python scripts/bench_rlhf.py --algorithm grpo --async-rollouts --repeats 3   # rollouts beside updates vs not
+    python scripts/bench_rlhf.py --algorithm ppo --bf16 --repeats 3             # bf16 autocast on the CPU vs fp32
 
 `--async-rollouts` adds, in every round, our run with `--async_rollouts` (the sampler in a second process on one
-more thread): its ratio to the synchronous run (and to TRL) is printed beside the others.
+more thread); `--bf16` our run with `--bf16 on` (CPU autocast; needs AVX512-BF16 or AMX): each one's ratio to the
+plain run (and to TRL) is printed beside the others.
 
 Each size also gets a table of the phases of our step (sampling, the reward model, the policy's and the
 reference's forward passes, the update): seconds per step, FLOPs counted from the model's weights, the GFLOP/s
@@ -44,6 +46,7 @@ from rlhf_toy.lm.algorithms.online import ALGORITHMS
 from rlhf_toy.lm.models.base import resolve_base_model
 
 PEERS = Path(__file__).resolve().parent / "peers"  # the TRL runners
+VARIANTS = {"async": {"async_rollouts": True}, "bf16": {"bf16": "on"}}  # ours with one setting changed
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +68,7 @@ if __name__ == "__main__":
     p.add_argument("--response-length", type=int, default=24)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--async-rollouts", action="store_true", help="also time ours with --async_rollouts each round")
+    p.add_argument("--bf16", action="store_true", help="also time ours with --bf16 on (CPU autocast) each round")
     p.add_argument("--model", default=None, help="pretrained model: directory, .gguf or smollm2 (default: tiny GPT-2s)")
     a = p.parse_args()
     model_dir = None
@@ -94,8 +98,9 @@ if __name__ == "__main__":
         for _ in range(a.repeats):
             rows = [ours_in_subprocess(**kw)]
             phases.append(rows[0].pop("phases"))
-            if a.async_rollouts:  # its phases overlap: the table's are the synchronous run's
-                rows.append(ours_in_subprocess(**kw, async_rollouts=True))
+            # The variants' phases are not the table's (async ones overlap; the floors are fp32's).
+            for variant in [v for v, on in (("async", a.async_rollouts), ("bf16", a.bf16)) if on]:
+                rows.append(ours_in_subprocess(**kw, **VARIANTS[variant]))
                 rows[-1].pop("phases", None)
             if a.trl_python and a.algorithm in TRL_RUNNERS:
                 rows.append(trl(a.trl_python, PEERS, **kw, skip_gc=False))
@@ -115,10 +120,12 @@ if __name__ == "__main__":
         for peer in ("trl", "trl-nogc"):
             if eps.get(peer) and eps.get("rlhf-toy"):
                 report[size][f"ratio_vs_{peer}"] = eps["rlhf-toy"] / eps[peer]
-            if eps.get(peer) and eps.get("rlhf-toy-async"):
-                report[size][f"async_ratio_vs_{peer}"] = eps["rlhf-toy-async"] / eps[peer]
-        if eps.get("rlhf-toy-async") and eps.get("rlhf-toy"):
-            report[size]["async_over_sync"] = eps["rlhf-toy-async"] / eps["rlhf-toy"]
+            for variant in VARIANTS:
+                if eps.get(peer) and eps.get(f"rlhf-toy-{variant}"):
+                    report[size][f"{variant}_ratio_vs_{peer}"] = eps[f"rlhf-toy-{variant}"] / eps[peer]
+        for variant in VARIANTS:  # async_over_plain, bf16_over_plain
+            if eps.get(f"rlhf-toy-{variant}") and eps.get("rlhf-toy"):
+                report[size][f"{variant}_over_plain"] = eps[f"rlhf-toy-{variant}"] / eps["rlhf-toy"]
         # Each phase's distance to its compute floor (scripts/benchlib/floor.py), medians over the repeats.
         report[size]["phases"] = {
             p: {k: statistics.median(r[p][k] for r in phases) for k in phases[0][p]} for p in phases[0]

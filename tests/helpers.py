@@ -2,7 +2,10 @@
 
 import os
 
+import pytest
+
 from rlhf_toy.errors import run_cli
+from rlhf_toy.lm.models.devices import cpu_bf16_native
 from rlhf_toy.lm.pipeline.cli import main
 
 THREADS = os.environ.get("RLHF_TOY_TEST_THREADS", "1")  # tests/conftest.py: the suite under other numerics
@@ -47,3 +50,7 @@ def stage(name, run_dir, *extra):
         main,
         [name, "--run_dir", str(run_dir), "--progress", "False", "--threads", THREADS, *TINY.get(name, []), *extra],
     )
+
+
+# --bf16 on needs a CPU that multiplies bf16 natively (AVX512-BF16 or AMX); elsewhere it is refused (tested).
+NEEDS_BF16 = pytest.mark.skipif(not cpu_bf16_native(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")

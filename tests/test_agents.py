@@ -29,6 +29,7 @@ from rlhf_toy.lm.algorithms.rlhf_config import RLHFConfig
 from rlhf_toy.lm.models.causal_lm import ModelConfig
 from rlhf_toy.lm.pipeline.cli import main
 from rlhf_toy.ppo import PPOConfig
+from tests.helpers import NEEDS_BF16
 
 TINY_MODEL = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=128)
 
@@ -304,15 +305,18 @@ def test_a_setting_the_algorithm_or_an_agent_run_does_not_read_is_refused():
         AgentTrainer(model, tok, "tests.agent_envs:SayYes", None, RLHFConfig(kl_limit=3.0))
 
 
-def test_the_same_seed_gives_the_same_numbers():
-    def run():
+@pytest.mark.parametrize("bf16", ["auto", pytest.param("on", marks=NEEDS_BF16)])
+def test_the_same_seed_gives_the_same_numbers(bf16):
+    def run(bf16):
         model, tok = tiny_agent("tests.agent_envs:SayYes", demos=8)
-        t = AgentTrainer(
-            model, tok, "tests.agent_envs:SayYes", None, RLHFConfig(batch_size=4), PPOConfig(minibatch_size=4)
-        )
+        rl = RLHFConfig(batch_size=4, bf16=bf16)
+        t = AgentTrainer(model, tok, "tests.agent_envs:SayYes", None, rl, PPOConfig(minibatch_size=4))
         return [{k: v for k, v in t.step().items() if not k.startswith("time/")} for _ in range(2)]
 
-    assert run() == run()
+    first = run(bf16)
+    assert first == run(bf16)
+    if bf16 == "on":  # the agent loop reads it: its forward passes are not fp32's
+        assert first != run("auto")
 
 
 def test_an_agent_learns_a_user_environment_on_a_small_budget():

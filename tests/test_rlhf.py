@@ -10,6 +10,7 @@ from rlhf_toy.lm.algorithms.sft import SFTConfig, encode_pairs, train_sft
 from rlhf_toy.lm.data.tasks import helpdesk_task
 from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm, response_logprobs
 from rlhf_toy.lm.models.chat import encode_prompts, pad_sequences, train_tokenizer
+from tests.helpers import NEEDS_BF16
 
 pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
 
@@ -107,13 +108,31 @@ def test_padding_is_masked_in_rewards_values_and_advantages(sft):
     torch.testing.assert_close(logp * exp.batch.mask, exp.batch.logprobs * exp.batch.mask)
 
 
-def test_ppo_raises_a_rule_reward_while_kl_stays_finite(sft):
-    t = trainer(sft)
+@pytest.mark.parametrize("bf16", ["auto", pytest.param("on", marks=NEEDS_BF16)])
+def test_ppo_raises_a_rule_reward_while_kl_stays_finite(sft, bf16):
+    """The same learning check in fp32 (auto, on the CPU) and under CPU bf16 autocast (--bf16 on), which also
+    repeats itself from the same seed."""
+    t = trainer(sft, bf16=bf16)
     scores = [t.step() for _ in range(30)]
     first = sum(m["objective/score"] for m in scores[:5]) / 5
     last = sum(m["objective/score"] for m in scores[-5:]) / 5
     assert last > first + 0.3, (first, last)
-    assert all(abs(m["objective/kl"]) < 100 for m in scores) and scores[-1]["objective/kl"] > 0
+    # bf16 goes further from the reference on this budget (measured: KL 99 nats at step 30 against fp32's 25; the
+    # forward pass sees the fp32 weights rounded to 8 bits, so updates below that show up in jumps).
+    assert all(abs(m["objective/kl"]) < (100 if bf16 == "auto" else 1000) for m in scores)
+    assert scores[-1]["objective/kl"] > 0
+    if bf16 == "on":
+        again = trainer(sft, bf16=bf16)
+        drop = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}  # noqa: E731
+        assert [drop(again.step()) for _ in range(3)] == [drop(m) for m in scores[:3]]
+
+
+def test_bf16_on_a_cpu_without_it_is_refused(sft, monkeypatch):
+    from rlhf_toy.lm.models import devices
+
+    monkeypatch.setattr(devices, "cpu_bf16_native", lambda: False)
+    with pytest.raises(UserError, match="no native bf16"):
+        trainer(sft, bf16="on")
 
 
 def test_resume_gives_the_same_next_step(sft, tmp_path):
@@ -161,7 +180,12 @@ def test_kl_limit_stops_before_the_update_that_would_follow_and_copies_nothing(s
 
 @pytest.mark.parametrize(
     "kw,match",
-    [({"kl_coef": -0.1}, "kl_coef"), ({"kl_target": -1.0}, "kl_target"), ({"kl_estimator": "k4"}, "kl_estimator")],
+    [
+        ({"kl_coef": -0.1}, "kl_coef"),
+        ({"kl_target": -1.0}, "kl_target"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+        ({"bf16": "yes"}, "bf16"),
+    ],
 )
 def test_bad_rlhf_config(kw, match):
     with pytest.raises(UserError, match=match):

@@ -72,6 +72,7 @@ def ours(
     algorithm: str = "ppo",
     count_flops: bool = False,
     async_rollouts: bool = False,
+    bf16: str = "auto",
 ) -> dict[str, Any]:
     """This project's PPO (or RLOO / GRPO with 4 replies per prompt and the algorithm's own preset: RLOO one
     pass of 4 minibatches, GRPO 4 clipped epochs of them and the KL as a k3 term in the loss, as TRL's
@@ -79,7 +80,8 @@ def ours(
     from it, reward model = its trunk with a fresh scalar head, as the TRL runners build them). `count_flops` runs
     the steps under torch's `FlopCounterMode` and reports their matrix-multiply GFLOPs per step (`gflops_per_step`,
     as the TRL runners' `--count-flops`; the counter slows the run, so its times are no measurement).
-    `async_rollouts`: sample each batch in a second process beside the update (one more thread; `--async_rollouts`)."""
+    `async_rollouts`: sample each batch in a second process beside the update (one more thread; `--async_rollouts`).
+    `bf16`: `--bf16` (on: CPU autocast)."""
     torch.set_num_threads(threads)
     quiet_libraries()
     task = bench_task()
@@ -120,6 +122,7 @@ def ours(
         kl_in="loss" if alg.grouped and alg.policy_loss == "clipped" else "reward",
         **(update or {"minibatch_size": batch_size // 4}),
         async_rollouts=async_rollouts,
+        bf16=bf16,
     )
     trainer = RLHFTrainer(policy, rm, tok, rl, preset, task.train_prompts, seed=0, algorithm=algorithm)
     t0 = time.perf_counter()
@@ -147,7 +150,7 @@ def ours(
         value_head_weights(trainer.policy),
     )
     return {
-        "peer": "rlhf-toy-async" if async_rollouts else "rlhf-toy",
+        "peer": "rlhf-toy" + ("-async" if async_rollouts else "") + ("-bf16" if bf16 == "on" else ""),
         "algorithm": algorithm,
         "episodes": n,
         "batch_size": batch_size,

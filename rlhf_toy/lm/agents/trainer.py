@@ -41,6 +41,7 @@ from ..algorithms.rlhf import (
 from ..data.text import distinct_2
 from ..models.causal_lm import position_ids
 from ..models.chat import pad_sequences, widen
+from ..models.devices import autocast, check_bf16, model_device
 from ..models.policy import PolicyWithValueHead
 from ..models.sampling import Samples
 from .registry import ALL_HISTORY, EnvRecord, get_env
@@ -191,6 +192,8 @@ class AgentTrainer:
         self.tok, self.seed = tok, seed
         self.settings = rollout_settings(self.record, self.agent, self.rl)
         self.critic = self.algorithm.needs_values(self.ppo)
+        self.device = model_device(model)
+        check_bf16(self.device, self.rl.bf16)
         torch.manual_seed(seed)  # the value head's initialization draws from it
         self.ref_model = frozen_reference(model, ref_model)
         self.policy = PolicyWithValueHead(model.eval(), self.rl.temperature, critic=self.critic)
@@ -319,6 +322,10 @@ class AgentTrainer:
         return Signals(rewards, scores, kl, vals * step_mask, step_mask, beta, bootstrap), places
 
     def step(self) -> dict[str, float]:
+        with autocast(self.device, self.rl.bf16):  # as `RLHFTrainer.step`: bf16 on a GPU that has it, or --bf16 on
+            return self._step()
+
+    def _step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         beta = self.kl_ctl.beta
         episodes, sampling = self.rollouts()

@@ -31,7 +31,7 @@ from ..data.text import distinct_2
 from ..models.base import context_length
 from ..models.causal_lm import response_logprobs
 from ..models.chat import encode_prompts
-from ..models.devices import autocast, model_device
+from ..models.devices import autocast, check_bf16, model_device
 from ..models.lora import is_lora, reference_mode, trainable_parameters
 from ..models.policy import PolicyWithValueHead
 from ..models.reward_ensemble import ScoredReward
@@ -273,6 +273,7 @@ class RLHFTrainer:
         # for a LoRA policy the same network with its adapters off (None).
         self.ref_model = frozen_reference(sft_model, ref_model)
         self.device = model_device(sft_model)
+        check_bf16(self.device, cfg.bf16)
         if isinstance(reward_model, torch.nn.Module):
             reward_model = reward_model.eval().requires_grad_(False)
         self.reward_model = reward_model
@@ -307,7 +308,7 @@ class RLHFTrainer:
         return [self.prompts[i] for i in idx.tolist() for _ in range(k)]
 
     def step(self) -> dict[str, float]:
-        with autocast(self.device):  # bf16 on a GPU that has it; nothing on the CPU
+        with autocast(self.device, self.cfg.bf16):  # bf16 on a GPU that has it; on the CPU with --bf16 on
             return self._step()
 
     def rollouts(self, beta: float) -> Experience:

@@ -10,6 +10,8 @@ from rlhf_toy.config import TracksGiven, check, option
 from rlhf_toy.errors import UserError
 from rlhf_toy.losses import KL_ESTIMATORS
 
+from ..models.devices import BF16
+
 
 @dataclass
 class RLHFConfig(TracksGiven):
@@ -83,6 +85,12 @@ class RLHFConfig(TracksGiven):
         "the update; 0 does not (the synchronous run's numbers, bit for bit: a check).",
         1,
     )
+    bf16: str = option(
+        "bf16 autocast of the step's forward passes (sampling, reference, reward, update; the weights and Adam stay "
+        "fp32): auto (on a GPU that has bf16, fp32 on the CPU), on (the CPU too, where it has AVX512-BF16 or AMX), "
+        "or off.",
+        "auto",
+    )
     reward_reads: str = option(
         "How the reward model reads replies: auto (token ids when it shares the policy's "
         "tokenizer, else text), ids, or text.",
@@ -108,6 +116,7 @@ class RLHFConfig(TracksGiven):
         check(self.overlong_penalty >= 0, "overlong_penalty", self.overlong_penalty, ">= 0")
         check(self.kl_limit is None or self.kl_limit > 0, "kl_limit", self.kl_limit, "> 0 nats (or None)")
         check(self.value_lr_scale > 0, "value_lr_scale", self.value_lr_scale, "> 0, e.g. 50")
+        check(self.bf16 in BF16, "bf16", self.bf16, "auto, on or off")
         check(self.reward_reads in ("auto", "ids", "text"), "reward_reads", self.reward_reads, "auto, ids or text")
         check(self.group_size >= 1, "group_size", self.group_size, ">= 1 (RLOO and GRPO: >= 2)")
         check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0: only at the end)")

@@ -1,5 +1,6 @@
 """Devices: `--device auto` picks a GPU when there is one; on a GPU with bf16 support the forward passes run under
-bf16 autocast (the weights and the optimizer stay fp32)."""
+bf16 autocast (the weights and the optimizer stay fp32). The RL step's `--bf16 on` takes autocast to a CPU with
+native bf16 (AVX512-BF16 or AMX); `off` keeps fp32 everywhere."""
 
 from __future__ import annotations
 
@@ -25,10 +26,38 @@ def resolve_device(name: str) -> torch.device:
         raise UserError(f"--device {name!r} is not a device; use auto, cpu or cuda") from None
 
 
-def autocast(device: torch.device):
-    """bf16 autocast where the device supports it (a CUDA GPU with bf16), a no-op elsewhere."""
+BF16 = ("auto", "on", "off")  # --bf16: auto = on a GPU that has it, fp32 on the CPU
+
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX tiles); without it torch emulates
+    bf16 and autocast runs slower than fp32."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def check_bf16(device: torch.device, bf16: str) -> None:
+    """`--bf16 on` on a device that cannot run it fast is an error, not a silent slowdown."""
+    if bf16 != "on":
+        return
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError(f"--bf16 on, but the GPU of {device} has no bf16 support; pass --bf16 auto (fp32 there)")
+    if device.type == "cpu" and not cpu_bf16_native():
+        raise UserError(
+            "--bf16 on, but this CPU has no native bf16 (AVX512-BF16 or AMX): torch would emulate it, slower than "
+            "fp32; pass --bf16 auto"
+        )
+
+
+def autocast(device: torch.device, bf16: str = "auto"):
+    """bf16 autocast of the forward passes: `auto` where the device supports it (a CUDA GPU with bf16), `on` on the
+    CPU too (`check_bf16` first), `off` never; a no-op otherwise."""
+    if bf16 == "off":
+        return contextlib.nullcontext()
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cpu" and bf16 == "on":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
