@@ -25,7 +25,7 @@ from rlhf_toy.lm.models.base import load_base
 from rlhf_toy.lm.models.causal_lm import response_logprobs
 from rlhf_toy.lm.models.lora import LoraConfig, add_lora
 from rlhf_toy.ppo import PPOConfig
-from tests.helpers import PPO_TINY, THREADS, stage
+from tests.helpers import NEEDS_BF16, PPO_TINY, THREADS, stage
 
 pytestmark = pytest.mark.integration  # forks a sampling process beside tiny models
 
@@ -74,9 +74,14 @@ def run(trainer, steps):
     return rows, [p.detach().clone() for p in trainer.policy.parameters()]
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "dapo"])
-def test_staleness_zero_equals_the_synchronous_run_bit_for_bit(llama, algorithm):
+@pytest.mark.parametrize(
+    "algorithm,bf16",
+    [("ppo", "auto"), ("grpo", "auto"), ("dapo", "auto"), pytest.param("ppo", "on", marks=NEEDS_BF16)],
+)
+def test_staleness_zero_equals_the_synchronous_run_bit_for_bit(llama, algorithm, bf16):
+    """... under --bf16 on as well: the sampling process autocasts as the synchronous step does."""
     extra = {"overlong_buffer": 0.0} if algorithm == "dapo" else {}
+    extra["bf16"] = bf16
     sync_rows, sync_weights = run(make(llama, algorithm, **extra), 3)
     async_rows, async_weights = run(make(llama, algorithm, async_rollouts=True, staleness=0, **extra), 3)
     for row in async_rows:

@@ -108,23 +108,33 @@ def test_padding_is_masked_in_rewards_values_and_advantages(sft):
     torch.testing.assert_close(logp * exp.batch.mask, exp.batch.logprobs * exp.batch.mask)
 
 
-@pytest.mark.parametrize("bf16", ["auto", pytest.param("on", marks=NEEDS_BF16)])
-def test_ppo_raises_a_rule_reward_while_kl_stays_finite(sft, bf16):
-    """The same learning check in fp32 (auto, on the CPU) and under CPU bf16 autocast (--bf16 on), which also
-    repeats itself from the same seed."""
-    t = trainer(sft, bf16=bf16)
-    scores = [t.step() for _ in range(30)]
-    first = sum(m["objective/score"] for m in scores[:5]) / 5
-    last = sum(m["objective/score"] for m in scores[-5:]) / 5
+def rule_reward_run(sft, steps=30, **kw):
+    """The mean score of the first and of the last 5 of `steps` steps, and every step's logged row."""
+    t = trainer(sft, **kw)
+    rows = [t.step() for _ in range(steps)]
+    mean = lambda part: sum(m["objective/score"] for m in part) / len(part)  # noqa: E731
+    return mean(rows[:5]), mean(rows[-5:]), rows
+
+
+def test_ppo_raises_a_rule_reward_while_kl_stays_finite(sft):
+    first, last, rows = rule_reward_run(sft)
     assert last > first + 0.3, (first, last)
-    # bf16 goes further from the reference on this budget (measured: KL 99 nats at step 30 against fp32's 25; the
-    # forward pass sees the fp32 weights rounded to 8 bits, so updates below that show up in jumps).
-    assert all(abs(m["objective/kl"]) < (100 if bf16 == "auto" else 1000) for m in scores)
-    assert scores[-1]["objective/kl"] > 0
-    if bf16 == "on":
-        again = trainer(sft, bf16=bf16)
-        drop = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}  # noqa: E731
-        assert [drop(again.step()) for _ in range(3)] == [drop(m) for m in scores[:3]]
+    assert all(abs(m["objective/kl"]) < 100 for m in rows) and rows[-1]["objective/kl"] > 0
+
+
+@NEEDS_BF16
+def test_bf16_learns_as_fp32_does_and_repeats_itself(sft):
+    """--bf16 on (CPU autocast): the same rule reward gained to within half of fp32's gain on the same seed
+    (measured: the last 5 steps' mean score 4.28 against 4.51, from 0.34; KL 27 against 25 nats at step 30), and
+    the same seed gives the same numbers."""
+    first, last, rows = rule_reward_run(sft, bf16="on")
+    fp32_first, fp32_last, _ = rule_reward_run(sft)
+    assert last - first > 0.5 * (fp32_last - fp32_first) > 0.15, (first, last, fp32_first, fp32_last)
+    assert last - first < 2 * (fp32_last - fp32_first)
+    assert all(abs(m["objective/kl"]) < 100 for m in rows)
+    drop = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}  # noqa: E731
+    again = trainer(sft, bf16="on")
+    assert [drop(again.step()) for _ in range(3)] == [drop(m) for m in rows[:3]]
 
 
 def test_bf16_on_a_cpu_without_it_is_refused(sft, monkeypatch):

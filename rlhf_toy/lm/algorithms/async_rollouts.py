@@ -82,7 +82,7 @@ def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> N
         trainer.step_count, version, beta, states = request  # step_count: errors name the step that consumes it
         set_rng_states(trainer, states)
         try:
-            with autocast(torch.device("cpu"), trainer.cfg.bf16):  # as the synchronous step's (`RLHFTrainer.step`)
+            with autocast(torch.device("cpu"), trainer.cfg.bf16, weights_fixed=True):  # as `RLHFTrainer.step`'s
                 exp = trainer.rollouts(beta)
             exp.version = version
             reply: Any = ("ok", (exp, trainer.clock.take(), trainer.round_gold), rng_states(trainer))

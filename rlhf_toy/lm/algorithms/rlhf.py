@@ -307,10 +307,6 @@ class RLHFTrainer:
         idx = torch.randperm(len(self.prompts), generator=self.prompt_generator)[: self.cfg.batch_size // k]
         return [self.prompts[i] for i in idx.tolist() for _ in range(k)]
 
-    def step(self) -> dict[str, float]:
-        with autocast(self.device, self.cfg.bf16):  # bf16 on a GPU that has it; on the CPU with --bf16 on
-            return self._step()
-
     def rollouts(self, beta: float) -> Experience:
         """This step's experience: one batch of prompts; under dynamic sampling (DAPO), rounds of batches whose
         groups of all-equal rewards are dropped, until `batch_size` replies are kept (the first ones, in order).
@@ -388,7 +384,11 @@ class RLHFTrainer:
         """This step's batch and the phase times of its sampling when another process did it (`--async_rollouts`:
         sampled by the worker, staleness 1 with the weights before the last update)."""
         if not self.cfg.async_rollouts:
-            return self.rollouts(self.kl_ctl.beta), {}
+            # bf16 on a GPU that has it, on the CPU with --bf16 on; the weights stay as they are (`autocast`)
+            with autocast(self.device, self.cfg.bf16, weights_fixed=True):
+                return self.rollouts(self.kl_ctl.beta), {}
+        # The sampler forks outside any autocast context (a forked child would never leave one, and would keep its
+        # first weights' bf16 copies for good); it autocasts each batch itself (`serve`).
         if self.worker is None:
             self.worker = RolloutWorker(self, self.resumed_pending)
         return self.worker.next(self, self.kl_ctl.beta)
@@ -401,7 +401,7 @@ class RLHFTrainer:
             self.worker.close()
             self.worker = None
 
-    def _step(self) -> dict[str, float]:
+    def step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         exp, sampler_phases = self.experience()
         beta, prompts = exp.beta, exp.prompts  # the batch's own beta (the step before's, when sampled ahead)
@@ -413,7 +413,8 @@ class RLHFTrainer:
         ma = self.kl_average.add(mean_across_ranks({"kl": seq_kl.mean().item()})["kl"])
         self.stopped_by_kl_limit = self.cfg.kl_limit is not None and ma > self.cfg.kl_limit
         with self.clock("update"):
-            stats = {} if self.stopped_by_kl_limit else self._update(exp, beta)
+            with autocast(self.device, self.cfg.bf16):  # the weights change: each forward casts them afresh
+                stats = {} if self.stopped_by_kl_limit else self._update(exp, beta)
         cached, self.round_gold = self.round_gold, None
         if cached is not None and cached[0] == exp.texts:  # one round: its replies, judged already
             gold = cached[1].tolist()
