@@ -1,6 +1,7 @@
 """Shared by the language-model tests: the tiny settings of each stage, and running a stage through the CLI."""
 
 import os
+import textwrap
 
 import pytest
 
@@ -54,3 +55,17 @@ def stage(name, run_dir, *extra):
 
 # --bf16 on needs a CPU that multiplies bf16 natively (AVX512-BF16 or AMX); elsewhere it is refused (tested).
 NEEDS_BF16 = pytest.mark.skipif(not cpu_bf16_native(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
+
+# A command's process that dies (SIGKILL) as it saves the trainer state of step {step}: that step's policy is
+# written, its state is not, so the checkpoint directory's temporary never lands. `python -c` it with the CLI's args.
+KILL_AT_STEP = textwrap.dedent("""
+    import os, signal, sys, torch
+    real_save = torch.save
+    def save(obj, f, *a, **k):  # the policy of step {step} is already written when the state is saved: die here
+        if isinstance(obj, dict) and obj.get("step") == {step}:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_save(obj, f, *a, **k)
+    torch.save = save
+    from rlhf_toy.lm.pipeline.cli import main
+    main(sys.argv[1:])
+""")

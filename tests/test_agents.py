@@ -4,6 +4,9 @@ through its record, bad input as one error line, determinism, and learning on a 
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -29,7 +32,10 @@ from rlhf_toy.lm.algorithms.rlhf_config import RLHFConfig
 from rlhf_toy.lm.models.causal_lm import ModelConfig
 from rlhf_toy.lm.pipeline.cli import main
 from rlhf_toy.ppo import PPOConfig
-from tests.helpers import NEEDS_BF16
+from tests.helpers import KILL_AT_STEP, NEEDS_BF16, THREADS
+from tests.hf_models import tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY_MODEL = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=128)
 
@@ -498,7 +504,6 @@ def test_an_agent_run_directory_is_not_another_commands_output(tmp_path, capsys)
 
 @pytest.mark.integration
 def test_a_hugging_face_model_plays_in_its_chat_template_with_lora(tmp_path, capsys):
-    from tests.hf_models import tiny_model_dir
 
     base = tiny_model_dir("llama", tmp_path / "llama")  # a chat template, no PAD
     out = tmp_path / "agent"
@@ -569,3 +574,65 @@ def test_the_invalid_actions_alarm_fires_on_a_drift_out_of_the_action_format():
     fired = {r.name: r for r in raised(rows)}
     assert "invalid-actions" in fired and 50 < fired["invalid-actions"].step <= 60
     assert not raised([{"step": i + 1, "agent/invalid_rate": 0.01} for i in range(80)])
+
+
+# --- exact resume -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_kill_then_resume_equals_the_run_that_was_not_stopped(tmp_path, lora):
+    """A kill while step 2's checkpoint is written leaves step 1's (policy and state together) and the history up
+    to step 2; `--resume` replays steps 2 and 3 to the same numbers, held-out figures included (with LoRA: the
+    adapters over the saved SFT model, which stays the reference)."""
+    extra = ["--base_model", str(tiny_model_dir("llama", tmp_path / "llama")), "--lora_r", "4"] if lora else []
+    small = SMALL[: SMALL.index("--n_positions")] if lora else SMALL  # a pretrained model keeps its own context
+    argv = [
+        "agent",
+        "--env",
+        "tests.agent_envs:SayYes",
+        *small,
+        "--steps",
+        "3",
+        "--batch_size",
+        "4",
+        "--save_every",
+        "1",
+        "--threads",
+        THREADS,
+        *extra,
+    ]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert run_cli(main, [*argv, "--run_dir", str(full)]) == 0
+    p = subprocess.run(
+        [sys.executable, "-c", KILL_AT_STEP.format(step=2), *argv, "--run_dir", str(killed)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert p.returncode == -9, p.stderr[-2000:]
+    assert torch.load(killed / "checkpoint" / "trainer_state.pt", weights_only=True)["step"] == 1
+    assert len((killed / "metrics.jsonl").read_text().splitlines()) == 2  # flushed before the checkpoint
+    assert not (killed / "eval.json").exists()
+    assert run_cli(main, [*argv, "--run_dir", str(killed), "--resume", "True"]) == 0
+    rows = lambda out: [  # noqa: E731
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert rows(killed) == rows(full) and [r["step"] for r in rows(full)] == [1, 2, 3]
+    evals = [json.loads((out / "eval.json").read_text())["eval"] for out in (full, killed)]
+    assert evals[0] == evals[1]
+
+
+@pytest.mark.integration
+def test_a_resume_without_a_checkpoint_or_with_other_settings_is_one_error(tmp_path, capsys):
+    out = tmp_path / "agent"
+    argv = ["agent", "--env", "tests.agent_envs:SayYes", *SMALL, "--steps", "2", "--save_every", "1"]
+    assert run_cli(main, [*argv, "--run_dir", str(tmp_path / "none"), "--resume", "True"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert run_cli(main, [*argv, "--run_dir", str(out)]) == 0
+    capsys.readouterr()
+    assert run_cli(main, [*argv, "--run_dir", str(out), "--resume", "True", "--learning_rate", "1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "settings that differ from the saved run" in err and "--learning_rate" in err

@@ -6,14 +6,13 @@ import pickle
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import PPO_TINY, THREADS, stage
+from tests.helpers import KILL_AT_STEP, PPO_TINY, THREADS, stage
 
 pytestmark = pytest.mark.integration  # trains or loads models, or runs whole commands
 
@@ -55,17 +54,6 @@ def one_line_error(p, *needles):
 
 
 # 1. A checkpoint is one atomic unit: a kill between the policy and the trainer-state writes loses nothing.
-KILL_AT_STEP = textwrap.dedent("""
-    import os, signal, sys, torch
-    real_save = torch.save
-    def save(obj, f, *a, **k):  # the policy of step {step} is already written when the state is saved: die here
-        if isinstance(obj, dict) and obj.get("step") == {step}:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real_save(obj, f, *a, **k)
-    torch.save = save
-    from rlhf_toy.lm.pipeline.cli import main
-    main(sys.argv[1:])
-""")
 
 
 def test_kill_between_policy_and_state_then_resume_equals_uninterrupted(run_dir, tmp_path):

@@ -19,7 +19,7 @@ import numpy as np
 from rlhf_toy.cli import Command
 from rlhf_toy.config import check, check_seed, option
 from rlhf_toy.errors import UserError
-from rlhf_toy.io import atomic_write_json, atomic_write_text, output_lock
+from rlhf_toy.io import atomic_write_json, atomic_write_text, output_lock, read_json
 from rlhf_toy.logging import MetricLogger, markdown_table
 from rlhf_toy.report.page import write_report
 from rlhf_toy.seeding import seed_everything
@@ -30,9 +30,11 @@ from ..algorithms.sft import SFTConfig, train_sft
 from ..models.base import context_length, load_base, resolve_base_model
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import train_tokenizer
-from ..models.checkpoints import save_model
+from ..models.checkpoints import load_causal_lm, save_model
 from ..models.lora import LoraConfig, add_lora
+from ..pipeline.policy_stage import check_resume_settings
 from ..pipeline.run import quiet_libraries
+from ..pipeline.rundir import PolicyDir
 from .registry import EnvRecord, get_env
 from .rollout import demo_pairs, demonstrate
 from .trainer import AGENT_ROLLOUT, AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds
@@ -54,6 +56,11 @@ class AgentRunConfig:
         "A Hugging Face causal LM directory, a .gguf file, or smollm2, in its own chat template (None: a fresh tiny "
         "GPT-2 and a tokenizer trained on the demonstrations).",
         None,
+    )
+    resume: bool = option(
+        "Continue from the run directory's last checkpoint (every --save_every steps) with the same settings: the "
+        "same numbers as the run that was not stopped.",
+        False,
     )
 
     def __post_init__(self) -> None:
@@ -162,62 +169,110 @@ def start_agent(
     return model, tok, sft
 
 
+def resume_settings(run: AgentRunConfig, flat: dict[str, Any]) -> dict[str, Any]:
+    """Every setting that shapes an agent run's steps, flat, as its checkpoints save them (`check_resume_settings`
+    lets --steps and --save_every change)."""
+    return {**{k: v for k, v in asdict(run).items() if k not in ("run_dir", "resume")}, **flat}
+
+
+def start_rl(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora, record: EnvRecord, out: PolicyDir):
+    """`(trainer, what the run knew before RL)`: demonstrations, SFT and the SFT model's held-out evaluation, or,
+    with --resume, the checkpoint's policy and state beside the saved SFT model (the reference) and figures."""
+    t0 = time.perf_counter()
+    sft_model = lambda: load_causal_lm(out.path / "sft_model", "agent SFT")  # noqa: E731
+    lora_on = lora is not None and lora.lora_r > 0
+    if run.resume:
+        model, tok, state = out.load_checkpoint(sft_model if lora_on else None)
+        start = read_json(out.path / "agent.json", "start the run again without --resume")
+        # the reference: the saved SFT model (a LoRA policy's is the same network with its adapters off)
+        trainer = AgentTrainer(model, tok, record, agent, rl, ppo, run.seed, None if lora_on else sft_model()[0])
+        check_resume_settings(state["settings"], resume_settings(run, flat_settings(trainer)))
+        trainer.load_state(state)
+        return trainer, start
+    history = record.history if agent.history is None else agent.history
+    model, tok, sft = start_agent(record, run, history, agent.max_turns or record.max_turns)
+    save_model(out.path / "sft_model", model, tok)
+    # RL starts from the saved SFT model, as a resumed run does: a model read back from disk and the one still in
+    # memory give log-probs that differ in the last bits (measured), and a resume must replay the same numbers.
+    model, tok = sft_model()
+    if lora_on:  # RL trains adapters; the reference is the model without them
+        model = add_lora(model, lora, "CAUSAL_LM", seed=run.seed)
+    trainer = AgentTrainer(model, tok, record, agent, rl, ppo, run.seed, None if lora_on else sft_model()[0])
+    settings = {
+        "env": record.name,
+        "algorithm": trainer.algorithm.name,
+        "agent": asdict(agent),
+        "run": asdict(run),
+        "rl": asdict(trainer.rl),
+        "ppo": trainer.ppo.to_dict(),
+    }
+    sft_row = trainer.evaluate(run.eval_episodes, run.seed)[0]
+    start = {
+        "settings": settings,
+        "sft": {"eval_loss": sft["eval_loss"][-1], "wall_s": sft["wall_s"], "row": sft_row},
+        "setup_s": time.perf_counter() - t0,  # demonstrations, tokenizer, SFT and its evaluation
+    }
+    atomic_write_json(out.path / "agent.json", start)
+    return trainer, start
+
+
+def flat_settings(trainer: AgentTrainer) -> dict[str, Any]:
+    """The report's settings table (and a checkpoint's record of what ran): one flat dict."""
+    return {**asdict(trainer.agent), **asdict(trainer.rl), **trainer.ppo.to_dict()}
+
+
 def run_agent(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora: LoraConfig | None = None) -> int:
     quiet_libraries()
     t0 = time.perf_counter()
     seed_everything(run.seed, run.threads)
     record = get_env(agent.env)
-    out = Path(run.run_dir)
-    with output_lock(out, "language-model agent run"):
+    out = PolicyDir(run.run_dir)
+    with output_lock(out.path, "language-model agent run"):
         agent_settings(record, get_algorithm(agent.algorithm), rl, ppo)  # refused before any work, if it is
-        history = record.history if agent.history is None else agent.history
-        model, tok, sft = start_agent(record, run, history, agent.max_turns or record.max_turns)
-        save_model(out / "sft_model", model, tok)
-        if lora is not None and lora.lora_r > 0:  # RL trains adapters; the reference is the model without them
-            model = add_lora(model, lora, "CAUSAL_LM", seed=run.seed)
-        trainer = AgentTrainer(model, tok, record, agent, rl, ppo, run.seed)
-        rows: dict[str, dict[str, Any]] = {}
-        rows["SFT"] = trainer.evaluate(run.eval_episodes, run.seed)[0]
-        settings = {
-            "env": record.name,
-            "algorithm": trainer.algorithm.name,
-            "agent": asdict(agent),
-            "run": asdict(run),
-            "rl": asdict(trainer.rl),
-            "ppo": trainer.ppo.to_dict(),
-        }
-        atomic_write_json(out / "agent.json", {"settings": settings})
+        trainer, start = start_rl(run, agent, rl, ppo, lora, record, out)
+        tok, settings = trainer.tok, start["settings"]
+        rows: dict[str, dict[str, Any]] = {"SFT": start["sft"]["row"]}
+        flat = flat_settings(trainer)
         # The report's settings table (flat, beside the command's defaults); an environment's reward is a program's.
-        flat = {**asdict(agent), **asdict(trainer.rl), **trainer.ppo.to_dict()}
         defaults = agent_command(["--algorithm", agent.algorithm, "--env", agent.env]).defaults
-        atomic_write_json(out / "settings.json", {"settings": flat, "preset": defaults, "reward_kind": "program"})
-        # 2. RL.
-        logger = MetricLogger(out, report_to=())
-        samples = MetricLogger(out, report_to=(), filename="samples.jsonl")
-        t_rl = time.perf_counter()
-        for _ in range(trainer.rl.steps):
+        atomic_write_json(out.path / "settings.json", {"settings": flat, "preset": defaults, "reward_kind": "program"})
+        # 2. RL, a checkpoint every --save_every steps (the history flushed first, so that it has no hole).
+        kept = out.load_metrics(upto=trainer.step_count) if run.resume else []
+        logger = MetricLogger(out.path, report_to=(), history=kept)
+        samples = MetricLogger(
+            out.path, (), out.load_samples(upto=trainer.step_count) if run.resume else [], filename="samples.jsonl"
+        )
+        rl_before, t_rl = sum(r["time/step_s"] for r in kept), time.perf_counter()
+        save_every, steps = trainer.rl.save_every, trainer.rl.steps
+        for _ in range(trainer.step_count, steps):
             metrics = trainer.step()
             logger.log(int(metrics["step"]), metrics)
             samples.log(int(metrics["step"]), {"samples": turn_samples(trainer.last_episodes[0])})
             shown = ("step", "agent/success", "agent/return", "agent/turns", "agent/invalid")
             print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}), flush=True)
+            if save_every and trainer.step_count % save_every == 0 and trainer.step_count < steps:
+                logger.flush()
+                samples.flush()
+                state = {**trainer.state(), "settings": resume_settings(run, flat)}
+                out.save_checkpoint(trainer.policy.lm, tok, state)
         samples.close()
         logger.close()
-        rl_s = time.perf_counter() - t_rl
-        save_model(out / "model", trainer.policy.lm, tok)
+        rl_s = rl_before + time.perf_counter() - t_rl
+        save_model(out.path / "model", trainer.policy.lm, tok)
         # 3. Held-out evaluation beside the reference lines.
         final, episodes = trainer.evaluate(run.eval_episodes, run.seed)
         rows[label(trainer.algorithm.name)] = final
         rows.update(reference_lines(record, run.eval_episodes, run.seed))
+        wall_s = time.perf_counter() - t0 + (start["setup_s"] + rl_before if run.resume else 0.0)
         figures = {
-            "sft_eval_loss": sft["eval_loss"][-1],
-            "sft_s": sft["wall_s"],
+            "sft_eval_loss": start["sft"]["eval_loss"],
+            "sft_s": start["sft"]["wall_s"],
             "rl_s": rl_s,
-            "wall_s": time.perf_counter() - t0,
+            "wall_s": wall_s,
             "eval": rows,
             "threads": run.threads,
         }
-        atomic_write_json(out / "eval.json", {"settings": settings, **figures})
+        atomic_write_json(out.path / "eval.json", {"settings": settings, **figures})
         lines = [
             f"# {record.name}: {label(trainer.algorithm.name)}, seed {run.seed}",
             "",
@@ -233,9 +288,9 @@ def run_agent(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora
             "```",
             "",
         ]
-        atomic_write_text(out / "eval.md", "\n".join(lines))
-        atomic_write_json(out / "agent.json", {"settings": settings, **figures})
-        write_report([out])
+        atomic_write_text(out.path / "eval.md", "\n".join(lines))
+        atomic_write_json(out.path / "agent.json", {**start, **figures})
+        write_report([out.path])
     print(
         json.dumps(
             {

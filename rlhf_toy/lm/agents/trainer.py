@@ -13,7 +13,7 @@ the agent's tokens only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,6 @@ AGENT_UNREAD = {
     "kl_limit": "an agent run has no KL stop",
     "kl_limit_window": "an agent run has no KL stop",
     "stop_at_eos": "an agent's reply always ends at EOS (the environment reads it then)",
-    "save_every": "an agent run saves its policy at its end",
     "async_rollouts": IN_PROCESS,
     "staleness": IN_PROCESS,
 }
@@ -322,14 +321,12 @@ class AgentTrainer:
         return Signals(rewards, scores, kl, vals * step_mask, step_mask, beta, bootstrap), places
 
     def step(self) -> dict[str, float]:
-        with autocast(self.device, self.rl.bf16):  # as `RLHFTrainer.step`: bf16 on a GPU that has it, or --bf16 on
-            return self._step()
-
-    def _step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         beta = self.kl_ctl.beta
-        episodes, sampling = self.rollouts()
-        batch, episode_kl, rows = self.experience(episodes, beta)
+        # as `RLHFTrainer.step`: bf16 on a GPU that has it or with --bf16 on, the weights' copies kept while fixed
+        with autocast(self.device, self.rl.bf16, weights_fixed=True):
+            episodes, sampling = self.rollouts()
+            batch, episode_kl, rows = self.experience(episodes, beta)
         figures = summary(episodes)
         self.all_invalid = self.all_invalid + 1 if figures["invalid_rate"] == 1.0 else 0
         if self.all_invalid >= self.agent.invalid_patience:
@@ -338,7 +335,7 @@ class AgentTrainer:
                 "does not write the environment's action format; train it on demonstrations first (--sft_epochs), "
                 "or check the environment's action parser"
             )
-        with self.clock("update"):
+        with self.clock("update"), autocast(self.device, self.rl.bf16):
             stats = self.update(batch, beta)
         self.step_count += 1
         mask = rows.response_mask.float()
@@ -385,6 +382,34 @@ class AgentTrainer:
             )
         except NonFiniteUpdate as exc:
             raise UserError(f"step {self.step_count + 1}: {exc}; lower --learning_rate") from None
+
+    def state(self) -> dict[str, Any]:
+        """What `--resume` needs beside the policy's weights, as tensors and plain types (read back with
+        `weights_only=True`). Every episode resets its environment with a seed drawn here, so the environments
+        carry nothing across steps; a user's environment that keeps state across resets is not saved."""
+        return {
+            "step": self.step_count,
+            "all_invalid": self.all_invalid,
+            "value_head": self.policy.value_head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "beta": float(self.kl_ctl.beta),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "update": self.update_generator.get_state(),
+                "reset_seeds": self.seeds.bit_generator.state,
+            },
+            "config": asdict(self.rl),
+            "ppo": self.ppo.to_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.step_count, self.all_invalid = int(state["step"]), int(state["all_invalid"])
+        self.policy.value_head.load_state_dict(state["value_head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.kl_ctl.beta = float(state["beta"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.update_generator.set_state(state["rng"]["update"])
+        self.seeds.bit_generator.state = state["rng"]["reset_seeds"]
 
     def evaluate(self, n: int, seed: int = 0, greedy: bool = True) -> tuple[dict[str, Any], list[Episode]]:
         """`n` held-out episodes (odd reset seeds: never a training episode's), greedy unless said."""
