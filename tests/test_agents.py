@@ -303,6 +303,20 @@ def test_every_online_algorithm_trains_an_agent_through_its_record(name):
     assert 0 < m["agent/env_token_share"] < 1 and m["agent/turns"] == 3
 
 
+def test_an_environments_run_defaults_are_the_commands_and_the_python_apis():
+    from dataclasses import fields
+
+    from rlhf_toy.lm.agents.command import agent_command, agent_run_config
+
+    names = {f.name for f in fields(AgentRunConfig)}
+    for record in ENVIRONMENTS.values():
+        assert set(record.run) <= names, record.name
+    defaults = agent_command(["--env", "calculator"]).defaults
+    assert defaults["demos"] == 2000 and defaults["sft_epochs"] == 5
+    assert agent_run_config("calculator").demos == 2000 and agent_run_config("calculator", demos=7).demos == 7
+    assert agent_run_config("frozenlake") == AgentRunConfig()
+
+
 def test_a_setting_the_algorithm_or_an_agent_run_does_not_read_is_refused():
     model, tok = tiny_agent("tests.agent_envs:SayYes", demos=4, epochs=0)
     with pytest.raises(UserError, match="grpo does not read gamma"):

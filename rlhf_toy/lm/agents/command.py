@@ -73,6 +73,13 @@ class AgentRunConfig:
                 check(getattr(self, name) == default, name, getattr(self, name), "left out with --base_model")
 
 
+def agent_run_config(env: EnvRecord | str, **given: Any) -> AgentRunConfig:
+    """The run settings the `agent` command uses for `env` (its record's `run` defaults) under what is given: the
+    Python API's way to get what the command runs."""
+    record = env if isinstance(env, EnvRecord) else get_env(env)
+    return AgentRunConfig(**{**record.run, **given})
+
+
 def flag_value(args: list[str], name: str, default: str) -> str:
     """The value of `--name V` or `--name=V` in `args` (the last one), else `default`."""
     value = default
@@ -101,7 +108,7 @@ def agent_command(args: list[str]) -> Command:
         COMMANDS["agent"].help,
         (AgentRunConfig, AgentConfig, RLHFConfig, "rlhf_toy.ppo:PPOConfig", LoraConfig),
         run_agent,
-        defaults={**defaults, **AGENT_ROLLOUT, "env": env, "algorithm": algorithm.name},
+        defaults={**defaults, **record.run, **AGENT_ROLLOUT, "env": env, "algorithm": algorithm.name},
         unread={**algorithm.unread, **AGENT_UNREAD},
     )
 
