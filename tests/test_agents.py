@@ -419,7 +419,7 @@ def test_the_agent_command_end_to_end(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["env"] == "frozenlake" and summary["algorithm"] == "ppo"
     data = json.loads((out / "eval.json").read_text())
-    assert set(data["eval"]) >= {"SFT", "PPO", "random", "scripted", "optimal"}
+    assert set(data["eval"]) >= {"SFT", "PPO", "random", "scripted", "optimal"} and "base model" not in data["eval"]
     assert data["eval"]["optimal"]["success"] == pytest.approx(1.0) and data["eval"]["scripted"]["success"] == 1.0
     assert data["settings"]["ppo"]["learning_rate"] == 3e-4
     assert (out / "model" / "config.json").is_file() and (out / "sft_model" / "config.json").is_file()
@@ -552,6 +552,8 @@ def test_a_hugging_face_model_plays_in_its_chat_template_with_lora(tmp_path, cap
     assert context.startswith("<|im_start|>user\nSay yes or no.\nTurn 1.</s>\n<|im_start|>assistant\nyes</s>")
     assert context.endswith("<|im_start|>user\nTurn 2.</s>\n<|im_start|>assistant\n")
     assert (out / "model" / "config.json").is_file() and not (out / "model" / "adapter_config.json").exists()
+    rows = json.loads((out / "eval.json").read_text())["eval"]
+    assert list(rows)[:2] == ["base model", "SFT"]  # the base model itself, before SFT, on the same episodes
     assert run_cli(main, [*argv[:-2], "--run_dir", str(tmp_path / "b"), "--n_positions", "64"]) == 2
     assert "n_positions must be left out with --base_model" in capsys.readouterr().err
 

@@ -26,7 +26,7 @@ from rlhf_toy.seeding import seed_everything
 
 from ..algorithms.online import get_algorithm, label
 from ..algorithms.rlhf_config import RLHFConfig
-from ..algorithms.sft import SFTConfig, train_sft
+from ..algorithms.sft import PRETRAINED_LEARNING_RATE, SFTConfig, train_sft
 from ..models.base import context_length, load_base, resolve_base_model
 from ..models.causal_lm import ModelConfig, new_causal_lm
 from ..models.chat import train_tokenizer
@@ -49,6 +49,10 @@ class AgentRunConfig:
     threads: int = option("torch threads.", 1)
     demos: int = option("Demonstration episodes for SFT (a tenth held out for its loss).", 200)
     sft_epochs: int = option("SFT epochs on the demonstrations (0: none).", 3)
+    sft_learning_rate: float | None = option(
+        "Peak learning rate of that SFT (None: 2e-3 for the fresh tiny model, 5e-5 for a --base_model's full weights).",
+        None,
+    )
     eval_episodes: int = option("Held-out episodes of the final evaluation (greedy).", 100)
     n_positions: int = option("The tiny model's context in tokens.", 256)
     vocab_size: int = option("The tiny model's tokenizer vocabulary.", 300)
@@ -68,6 +72,8 @@ class AgentRunConfig:
         for name in ("threads", "demos", "eval_episodes", "n_positions", "vocab_size"):
             check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         check(self.sft_epochs >= 0, "sft_epochs", self.sft_epochs, ">= 0")
+        lr = self.sft_learning_rate
+        check(lr is None or lr > 0, "sft_learning_rate", lr, "> 0 (or None)")
         if self.base_model is not None:  # the tiny model's settings mean nothing for a pretrained one
             for name, default in (("n_positions", 256), ("vocab_size", 300)):
                 check(getattr(self, name) == default, name, getattr(self, name), "left out with --base_model")
@@ -172,7 +178,9 @@ def start_agent(
     pairs_train, pairs_eval = fits(pairs_train), fits(pairs_eval)
     sft: dict[str, Any] = {"eval_loss": [float("nan")], "wall_s": 0.0}
     if run.sft_epochs:
-        sft = train_sft(model, tok, pairs_train, pairs_eval, SFTConfig(epochs=run.sft_epochs), run.seed, False)
+        default = SFTConfig().learning_rate if run.base_model is None else PRETRAINED_LEARNING_RATE
+        cfg = SFTConfig(epochs=run.sft_epochs, learning_rate=run.sft_learning_rate or default)
+        sft = train_sft(model, tok, pairs_train, pairs_eval, cfg, run.seed, False)
     return model, tok, sft
 
 
@@ -216,11 +224,18 @@ def start_rl(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora,
     sft_row = trainer.evaluate(run.eval_episodes, run.seed)[0]
     start = {
         "settings": settings,
+        "base": base_row(run, agent, rl, ppo, record, out) if run.base_model is not None else None,
         "sft": {"eval_loss": sft["eval_loss"][-1], "wall_s": sft["wall_s"], "row": sft_row},
         "setup_s": time.perf_counter() - t0,  # demonstrations, tokenizer, SFT and its evaluation
     }
     atomic_write_json(out.path / "agent.json", start)
     return trainer, start
+
+
+def base_row(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, record: EnvRecord, out: PolicyDir):
+    """The `--base_model` itself (before SFT) on the same held-out episodes: what SFT and RL gained over it."""
+    base, tok = load_base(resolve_base_model(run.base_model or "", out.path / "base_model"))  # converted once
+    return AgentTrainer(base, tok, record, agent, rl, ppo, run.seed).evaluate(run.eval_episodes, run.seed)[0]
 
 
 def flat_settings(trainer: AgentTrainer) -> dict[str, Any]:
@@ -238,7 +253,8 @@ def run_agent(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora
         agent_settings(record, get_algorithm(agent.algorithm), rl, ppo)  # refused before any work, if it is
         trainer, start = start_rl(run, agent, rl, ppo, lora, record, out)
         tok, settings = trainer.tok, start["settings"]
-        rows: dict[str, dict[str, Any]] = {"SFT": start["sft"]["row"]}
+        rows: dict[str, dict[str, Any]] = {"base model": start["base"]} if start.get("base") else {}
+        rows["SFT"] = start["sft"]["row"]
         flat = flat_settings(trainer)
         # The report's settings table (flat, beside the command's defaults); an environment's reward is a program's.
         defaults = agent_command(["--algorithm", agent.algorithm, "--env", agent.env]).defaults

@@ -28,7 +28,7 @@ from rlhf_toy.ppo import PPOConfig
 from ..algorithms.online import ALGORITHMS
 from ..algorithms.reward import RewardConfig
 from ..algorithms.rlhf import RLHFConfig
-from ..algorithms.sft import SFTConfig
+from ..algorithms.sft import PRETRAINED_LEARNING_RATE, SFTConfig
 from ..data.preferences import PreferenceConfig
 from ..models.causal_lm import ModelConfig
 from ..models.lora import LoraConfig
@@ -108,7 +108,7 @@ SMOLLM2_ARITHMETIC_RUN = {
 SMOLLM2_ARITHMETIC_SFT = SFTConfig(
     epochs=1,
     batch_size=16,
-    learning_rate=5e-5,  # full weights of a pretrained 135M model: small steps
+    learning_rate=PRETRAINED_LEARNING_RATE,  # full weights of a pretrained 135M model: small steps
     sample_prompts=16,
     sample_tokens=16,
 )
