@@ -32,7 +32,6 @@ import torch
 from rlhf_toy.errors import UserError
 from rlhf_toy.runtime import PhaseClock
 
-from ..models.devices import autocast
 from .experience import Experience
 
 
@@ -82,8 +81,7 @@ def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> N
         trainer.step_count, version, beta, states = request  # step_count: errors name the step that consumes it
         set_rng_states(trainer, states)
         try:
-            with autocast(torch.device("cpu"), trainer.cfg.bf16, weights_fixed=True):  # as `RLHFTrainer.step`'s
-                exp = trainer.rollouts(beta)
+            exp = trainer.rollouts(beta)
             exp.version = version
             reply: Any = ("ok", (exp, trainer.clock.take(), trainer.round_gold), rng_states(trainer))
         except BaseException as exc:  # sent back whole: the parent raises it where a synchronous run would

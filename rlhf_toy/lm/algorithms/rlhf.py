@@ -312,8 +312,10 @@ class RLHFTrainer:
         groups of all-equal rewards are dropped, until `batch_size` replies are kept (the first ones, in order).
         After `dynamic_sampling_rounds` rounds a batch that kept some groups is filled with dropped ones (their
         advantages are zero: they add no gradient; `sampling/filled_groups` counts them); one that kept none stops
-        the run with an error (no endless loop)."""
+        the run with an error (no endless loop). Its forward passes run under bf16 autocast where `--bf16` asks for
+        it (the weights fixed: `autocast`), here or in the `--async_rollouts` sampler."""
         cfg, k = self.cfg, self.cfg.group_size
+        precision = lambda: autocast(self.device, cfg.bf16, weights_fixed=True)  # noqa: E731
         # Sampling keeps the log-probs, and for a critic the hidden states its value head reads: no algorithm then
         # runs a forward pass of the policy before its update (the lean loop's; `generate` keeps no hidden states).
         critic = self.algorithm.needs_values(self.ppo)
@@ -323,9 +325,10 @@ class RLHFTrainer:
         outcomes: list[int] | None = [0, 0] if k > 1 and self.judge is not None else None  # all right, all wrong
         for _ in range(cfg.dynamic_sampling_rounds):
             rounds += 1
-            s, scores = sample_and_score(
-                self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, critic, self.clock
-            )
+            with precision():
+                s, scores = sample_and_score(
+                    self.policy, self.reward_model, self.tok, self.next_prompts(), cfg, critic, self.clock
+                )
             flat = equal_groups(scores.cpu(), k) if k > 1 else torch.zeros(len(scores), dtype=torch.bool)
             groups, equal = groups + len(flat), equal + int(flat.sum())
             if outcomes is not None:
@@ -363,9 +366,10 @@ class RLHFTrainer:
             sampling["solved_groups"], sampling["failed_groups"] = outcomes[0] / groups, outcomes[1] / groups
         if cfg.dynamic_sampling:
             sampling["filled_groups"] = float(filled)
-        exp = experience_from(
-            self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling, self.clock
-        )
+        with precision():
+            exp = experience_from(
+                self.policy, self.ref_model, s, scores, beta, cfg, self.ppo, self.algorithm, sampling, self.clock
+            )
         exp.beta, exp.version = beta, self.step_count
         return exp
 
@@ -384,11 +388,9 @@ class RLHFTrainer:
         """This step's batch and the phase times of its sampling when another process did it (`--async_rollouts`:
         sampled by the worker, staleness 1 with the weights before the last update)."""
         if not self.cfg.async_rollouts:
-            # bf16 on a GPU that has it, on the CPU with --bf16 on; the weights stay as they are (`autocast`)
-            with autocast(self.device, self.cfg.bf16, weights_fixed=True):
-                return self.rollouts(self.kl_ctl.beta), {}
+            return self.rollouts(self.kl_ctl.beta), {}
         # The sampler forks outside any autocast context (a forked child would never leave one, and would keep its
-        # first weights' bf16 copies for good); it autocasts each batch itself (`serve`).
+        # first weights' bf16 copies for good); `rollouts` autocasts there as here.
         if self.worker is None:
             self.worker = RolloutWorker(self, self.resumed_pending)
         return self.worker.next(self, self.kl_ctl.beta)
