@@ -37,7 +37,7 @@ from ..pipeline.run import quiet_libraries
 from ..pipeline.rundir import PolicyDir
 from .registry import EnvRecord, get_env
 from .rollout import demo_pairs, demonstrate
-from .trainer import AGENT_ROLLOUT, AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds
+from .trainer import AGENT_ROLLOUT, AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds, held_out
 
 
 @dataclass
@@ -224,7 +224,7 @@ def start_rl(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora,
     sft_row = trainer.evaluate(run.eval_episodes, run.seed)[0]
     start = {
         "settings": settings,
-        "base": base_row(run, agent, rl, ppo, record, out) if run.base_model is not None else None,
+        "base": base_row(run, trainer, out) if run.base_model is not None else None,
         "sft": {"eval_loss": sft["eval_loss"][-1], "wall_s": sft["wall_s"], "row": sft_row},
         "setup_s": time.perf_counter() - t0,  # demonstrations, tokenizer, SFT and its evaluation
     }
@@ -232,10 +232,12 @@ def start_rl(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora,
     return trainer, start
 
 
-def base_row(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, record: EnvRecord, out: PolicyDir):
-    """The `--base_model` itself (before SFT) on the same held-out episodes: what SFT and RL gained over it."""
-    base, tok = load_base(resolve_base_model(run.base_model or "", out.path / "base_model"))  # converted once
-    return AgentTrainer(base, tok, record, agent, rl, ppo, run.seed).evaluate(run.eval_episodes, run.seed)[0]
+def base_row(run: AgentRunConfig, trainer: AgentTrainer, out: PolicyDir) -> dict[str, Any]:
+    """The `--base_model` itself (before SFT) on the held-out episodes `trainer` evaluates: what SFT and RL gained
+    over it."""
+    base, _ = load_base(resolve_base_model(run.base_model or "", out.path / "base_model"))  # converted once
+    t = trainer
+    return held_out(base, t.tok, t.record, t.settings, t.envs, run.eval_episodes, run.seed)[0]
 
 
 def flat_settings(trainer: AgentTrainer) -> dict[str, Any]:

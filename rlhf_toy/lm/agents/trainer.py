@@ -165,6 +165,41 @@ def episode_layout(episodes: list[Episode], credit: str) -> tuple[list[tuple[int
     return places, width
 
 
+def play(
+    lm, tok, record: EnvRecord, settings: RolloutSettings, envs: list, seeds: list[int], greedy: bool, critic: bool
+) -> list[Episode]:
+    """Episodes of `lm` reset with `seeds`, in `envs` (fresh ones from `record` where they are too few); torch's
+    global RNG samples. A sampled episode of a critic keeps its hidden states for the value head."""
+    envs = envs if len(seeds) <= len(envs) else [record.make() for _ in seeds]
+    instructions = getattr(envs[0], "instructions", "")
+    return run_episodes(
+        lm,
+        tok,
+        envs[: len(seeds)],
+        seeds,
+        instructions,
+        settings,
+        record.name,
+        greedy,
+        with_hidden=critic and not greedy,
+    )
+
+
+def held_out(
+    lm, tok, record: EnvRecord, settings: RolloutSettings, envs: list, n: int, seed: int, greedy: bool = True,
+    critic: bool = False,
+) -> tuple[dict[str, Any], list[Episode]]:  # fmt: skip
+    """`n` held-out episodes of `lm` (odd reset seeds: never a training episode's) and their summary; torch's RNG is
+    drawn from `seed` and put back after, so an evaluation leaves a run's random numbers as they were."""
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        episodes = play(lm, tok, record, settings, envs, eval_seeds(n, seed), greedy, critic)
+    finally:
+        torch.set_rng_state(state)
+    return summary(episodes), episodes
+
+
 class AgentTrainer:
     """A language model trained to act in a text environment by an online algorithm of the table (its record's
     preset, group size and rollout, with the environment record's settings and the caller's on top: `settle`).
@@ -207,19 +242,7 @@ class AgentTrainer:
 
     def play(self, n: int, seeds: list[int], greedy: bool = False) -> list[Episode]:
         """`n` episodes reset with `seeds` (its own environments; torch's global RNG samples)."""
-        envs = self.envs if n <= len(self.envs) else [self.record.make() for _ in range(n)]
-        instructions = getattr(envs[0], "instructions", "")
-        return run_episodes(
-            self.policy.lm,
-            self.tok,
-            envs[:n],
-            seeds,
-            instructions,
-            self.settings,
-            self.record.name,
-            greedy,
-            with_hidden=self.critic and not greedy,
-        )
+        return play(self.policy.lm, self.tok, self.record, self.settings, self.envs, seeds[:n], greedy, self.critic)
 
     def rollouts(self) -> tuple[list[Episode], dict[str, float]]:
         """This step's episodes: batch_size / group_size reset seeds, each played group_size times; under dynamic
@@ -413,11 +436,4 @@ class AgentTrainer:
 
     def evaluate(self, n: int, seed: int = 0, greedy: bool = True) -> tuple[dict[str, Any], list[Episode]]:
         """`n` held-out episodes (odd reset seeds: never a training episode's), greedy unless said."""
-        seeds = eval_seeds(n, seed)
-        state = torch.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            episodes = self.play(n, seeds, greedy)
-        finally:
-            torch.set_rng_state(state)
-        return summary(episodes), episodes
+        return held_out(self.policy.lm, self.tok, self.record, self.settings, self.envs, n, seed, greedy, self.critic)
