@@ -177,6 +177,22 @@ def minibatch(batch: RolloutBatch, idx: Tensor) -> RolloutBatch:
     )
 
 
+def trimmed(mb: RolloutBatch) -> RolloutBatch:
+    """A minibatch of token rows `[b, L]` without the columns after its last real token: a causal model's later
+    positions change nothing before them, and the loss reads real tokens only (the same numbers, less work)."""
+    if mb.mask is None or mb.actions.dim() != 2:
+        return mb
+    real = mb.mask.bool().any(0).nonzero()
+    end = int(real.max()) + 1 if len(real) else 1
+    if end == mb.actions.shape[1]:
+        return mb
+    ref = None if mb.ref_logprobs is None else mb.ref_logprobs[:, :end]
+    return RolloutBatch(
+        mb.observations, mb.actions[:, :end], mb.logprobs[:, :end], mb.values[:, :end], mb.advantages[:, :end],
+        mb.returns[:, :end], mb.mask[:, :end], ref,
+    )  # fmt: skip
+
+
 def shuffled_minibatches(
     n: int, size: int, generator: torch.Generator | None = None, group_size: int = 1
 ) -> tuple[Tensor, ...]:
@@ -279,6 +295,7 @@ def ppo_update(
     kl_estimator: str = "k3",
     length: int | None = None,
     episodes: Tensor | None = None,
+    trim: bool = False,
 ) -> dict[str, float]:
     """Run `cfg.n_epochs` epochs of shuffled minibatches of PPO on `batch`. Returns mean diagnostics.
 
@@ -290,7 +307,8 @@ def ppo_update(
     is the constant of `cfg.loss_aggregation` "constant" (Dr. GRPO: the generation limit); see `minibatch_loss`.
     `group_size` > 1 keeps groups of that many consecutive samples whole in every minibatch
     (`shuffled_minibatches`); `episodes` (`[n]`, each sample's episode, consecutive) makes `cfg.minibatch_size`
-    count episodes, each minibatch all the samples of its episodes (`episode_minibatches`: an agent's turns).
+    count episodes, each minibatch all the samples of its episodes (`episode_minibatches`: an agent's turns);
+    `trim` drops each minibatch's columns after its last real token (`trimmed`: rows of very different lengths).
     Each minibatch: normalize advantages (if enabled, over
     its real steps), clipped surrogate + value loss - entropy bonus, global grad-norm clip, Adam step.
     """
@@ -312,7 +330,7 @@ def ppo_update(
             else episode_minibatches(episodes, cfg.minibatch_size, generator)
         )
         for idx in order:
-            mb = minibatch(batch, idx)
+            mb = trimmed(minibatch(batch, idx)) if trim else minibatch(batch, idx)
             logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
             loss, parts = minibatch_loss(
                 logprobs, entropy, values, mb, cfg, clip_range, policy_loss, kl_loss_coef, None, kl_estimator, length

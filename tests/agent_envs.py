@@ -81,3 +81,21 @@ class ThreeTurns(SayYes):
     def reset(self, *, seed=None, options=None):
         self.taken = 0
         return super().reset(seed=seed)
+
+
+def say(word: str) -> str:
+    """Say a word.
+
+    Args:
+        word: yes or no.
+    """
+    return word
+
+
+class WithTools(SayYes):
+    """SayYes that declares a tool (a chat template that shows tools renders it)."""
+
+    def __init__(self):
+        from transformers.utils import get_json_schema
+
+        self.tools = [get_json_schema(say)]

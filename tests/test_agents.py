@@ -25,7 +25,15 @@ from rlhf_toy.lm.agents.envs import (
     optimal_success,
 )
 from rlhf_toy.lm.agents.registry import ALL_HISTORY, ENVIRONMENTS, get_env
-from rlhf_toy.lm.agents.rollout import Episode, RolloutSettings, Turn, render_context, run_episodes
+from rlhf_toy.lm.agents.rollout import (
+    Episode,
+    RolloutSettings,
+    Turn,
+    demo_pairs,
+    demonstrate,
+    render_context,
+    run_episodes,
+)
 from rlhf_toy.lm.agents.trainer import AgentConfig, AgentTrainer
 from rlhf_toy.lm.algorithms.online import ALGORITHMS, Signals, token_gae
 from rlhf_toy.lm.algorithms.rlhf_config import RLHFConfig
@@ -180,6 +188,32 @@ def test_a_context_is_the_instructions_the_kept_turns_and_the_observation():
     assert tok.decode(render_context(tok, "Say yes.", past, "Turn 3.", 0)) == "<|user|>Say yes.\nTurn 3.<|bot|>"
 
 
+# A chat template that shows tools (as Qwen's and Llama 3.1's do), shortened to their names.
+TOOLS_TEMPLATE = (
+    "{% if tools %}[tools:{% for t in tools %} {{ t.function.name }}{% endfor %}]{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_an_environments_tools_are_shown_by_a_chat_template_that_renders_tools():
+    model, tok = tiny_agent("tests.agent_envs:SayYes", demos=4, epochs=0)
+    tok.chat_template = TOOLS_TEMPLATE
+    env = get_env("tests.agent_envs:WithTools").make()
+    assert tok.decode(render_context(tok, "Say yes.", [], "Turn 1.", 0, env.tools)) == (
+        "[tools: say]<user>Say yes.\nTurn 1.<assistant>"
+    )
+    torch.manual_seed(0)
+    settings = RolloutSettings(max_turns=2, history=ALL_HISTORY, max_new_tokens=3)
+    episode = run_episodes(model, tok, [env], [0], "Say yes.", settings, "test")[0]
+    assert all(tok.decode(t.context).startswith("[tools: say]<user>Say yes.") for t in episode.turns)
+    demos = demonstrate(env, [0], "random", 2, "test", np.random.default_rng(0))
+    (context, _), *_ = demo_pairs(tok, demos, "Say yes.", ALL_HISTORY, env.tools)
+    assert tok.decode(context).startswith("[tools: say]")
+    # An environment without tools renders as before
+    assert not tok.decode(render_context(tok, "Say yes.", [], "Turn 1.", 0)).startswith("[tools")
+
+
 def test_episodes_run_in_lockstep_and_end_by_the_environment_or_the_limits():
     model, tok = tiny_agent("tests.agent_envs:SayYes", demos=10)
     record = get_env("tests.agent_envs:Forever")
@@ -258,12 +292,12 @@ def test_turn_rewards_arrive_at_turn_boundaries_and_advantages_go_back_to_the_ag
         ppo,
     )
     episodes = [fake_episode(0, [0.0, 1.0], [2, 3]), fake_episode(2, [0.5], [1])]
-    from rlhf_toy.lm.agents.trainer import rows_of
+    from rlhf_toy.lm.agents.rows import rows_of
 
     trainer.last_episodes = episodes
-    rows = rows_of(episodes, tok)
+    rows, segments = rows_of(episodes, tok)
     values = torch.zeros_like(rows.response_mask, dtype=torch.float32)
-    s, places = trainer.signals(episodes, rows, values, torch.zeros_like(values), 0.0)
+    s, places = trainer.signals(episodes, segments, values, torch.zeros_like(values), 0.0)
     if credit == "turn":
         assert s.rewards.tolist() == [[0.0, 1.0], [0.5, 0.0]] and s.mask.tolist() == [[1, 1], [1, 0]]
     else:  # each turn's reward on its last token, the agent's tokens one after another
@@ -337,6 +371,43 @@ def test_the_same_seed_gives_the_same_numbers(bf16):
     assert first == run(bf16)
     if bf16 == "on":  # the agent loop reads it: its forward passes are not fp32's
         assert first != run("auto")
+
+
+@pytest.mark.parametrize("credit", ["turn", "token"])
+def test_packing_whole_history_episodes_changes_the_cost_and_not_the_step(credit, monkeypatch):
+    """With the whole history in the context, an episode trains as one row (its turns' replies marked in the mask)
+    instead of one row per turn: the same advantages, losses and weights after a step, to float rounding."""
+    from rlhf_toy.lm.agents.rows import rows_of
+
+    def step(pack, trim=True):
+        monkeypatch.setattr(AgentTrainer, "packs", property(lambda self: pack))
+        if not trim:  # each minibatch as wide as the batch's longest row
+            monkeypatch.setattr("rlhf_toy.ppo.trimmed", lambda mb: mb)
+        model, tok = tiny_agent("tests.agent_envs:SayYes", demos=8, history=ALL_HISTORY)
+        agent = AgentConfig(credit=credit, history=ALL_HISTORY)
+        t = AgentTrainer(
+            model, tok, "tests.agent_envs:SayYes", agent, RLHFConfig(batch_size=4), PPOConfig(minibatch_size=2)
+        )
+        metrics = t.step()
+        rows, _ = rows_of(t.last_episodes, tok, pack)
+        assert len(rows.prompt_ids) == (4 if pack else sum(len(e.turns) for e in t.last_episodes))
+        return metrics, rows, [p.detach().clone() for p in t.policy.parameters()]
+
+    (packed, rows, weights), (per_turn, rows_1, weights_1) = step(True), step(False)
+    untrimmed, _, weights_2 = step(True, trim=False)
+    assert len(rows_1.prompt_ids) >= 12  # 4 episodes of at least 3 turns
+    assert rows.response_mask.sum() == rows_1.response_mask.sum()  # the same agent tokens
+    for key in ("ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "objective/kl", "agent/return"):
+        assert packed[key] == pytest.approx(per_turn[key], rel=1e-4, abs=1e-6), key
+        assert packed[key] == pytest.approx(untrimmed[key], rel=1e-4, abs=1e-6), key
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(weights, weights_1))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(weights, weights_2))
+    # Without the whole history (or where the loss is each reply's mean) every turn is its own row
+    monkeypatch.undo()
+    model, tok = tiny_agent("tests.agent_envs:SayYes", demos=8)
+    assert not AgentTrainer(model, tok, "tests.agent_envs:SayYes").packs
+    grpo = AgentTrainer(model, tok, "tests.agent_envs:SayYes", AgentConfig(algorithm="grpo", history=ALL_HISTORY))
+    assert not grpo.packs and grpo.ppo.loss_aggregation == "sequence"
 
 
 def test_an_agent_learns_a_user_environment_on_a_small_budget():

@@ -188,3 +188,19 @@ def test_the_run_generator_does_not_replay_the_global_stream():
     global_draws = torch.rand(16)
     assert not torch.equal(torch.rand(16, generator=g), global_draws)
     assert torch.equal(torch.rand(4, generator=seed_everything(3)), torch.rand(4, generator=seed_everything(3)))
+
+
+def test_a_trimmed_minibatch_drops_only_the_columns_after_its_last_real_token():
+    from rlhf_toy.ppo import trimmed
+
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
+    x = torch.arange(10.0).reshape(2, 5)
+    mb = RolloutBatch((x, mask), x.long(), x, x, x, x, mask, x)
+    cut = trimmed(mb)
+    assert cut.actions.shape == (2, 3) and cut.mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert all(t.shape == (2, 3) for t in (cut.logprobs, cut.values, cut.advantages, cut.returns, cut.ref_logprobs))
+    assert cut.observations is mb.observations  # the prompts stay whole
+    full = RolloutBatch(x, x.long(), x, x, x, x, torch.ones(2, 5))
+    assert trimmed(full) is full
+    steps = RolloutBatch(x, torch.zeros(2), x[:, 0], x[:, 0], x[:, 0], x[:, 0], torch.ones(2))  # env steps: no time axis
+    assert trimmed(steps) is steps

@@ -36,7 +36,7 @@ from ..pipeline.policy_stage import check_resume_settings
 from ..pipeline.run import quiet_libraries
 from ..pipeline.rundir import PolicyDir
 from .registry import EnvRecord, get_env
-from .rollout import demo_pairs, demonstrate
+from .rollout import demo_pairs, demonstrate, env_tools
 from .trainer import AGENT_ROLLOUT, AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds, held_out
 
 
@@ -165,8 +165,9 @@ def start_agent(
         tok = train_tokenizer(texts, run.vocab_size, split_digits=True)
         model = new_causal_lm(tok, model_config or ModelConfig(n_positions=run.n_positions), seed=run.seed)
     held = max(1, run.demos // 10)
-    pairs_train = demo_pairs(tok, demos[held:], instructions, history)
-    pairs_eval = demo_pairs(tok, demos[:held], instructions, history)
+    tools = env_tools(env)
+    pairs_train = demo_pairs(tok, demos[held:], instructions, history, tools)
+    pairs_eval = demo_pairs(tok, demos[:held], instructions, history, tools)
     context = context_length(model.config)
     fits = lambda pairs: [(p, r) for p, r in pairs if len(p) + len(r) <= context]  # noqa: E731
     if run.sft_epochs and not fits(pairs_train):

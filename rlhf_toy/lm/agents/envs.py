@@ -28,14 +28,17 @@ TEXT = spaces.Text(max_length=4096, charset=string.printable)
 
 class TextEnv(gymnasium.Env):
     """A gymnasium environment of text. Subclasses set `instructions` (shown once, before the first observation),
-    `actions` (the valid action words, if the game has a fixed set: the random policy draws from them) and implement
-    `reset` and `step` with strings."""
+    `actions` (the valid action words, if the game has a fixed set: the random policy draws from them), optionally
+    `tools` (JSON schemas a chat template shows the agent), and implement `reset` and `step` with strings."""
 
     observation_space = TEXT
     action_space = TEXT
     instructions: str = ""
     actions: tuple[str, ...] = ()
     invalid_penalty: float = INVALID_PENALTY  # the reward of an action it cannot read
+    # Tools the agent may call, as JSON schemas (transformers' `get_json_schema` of a function): a chat template
+    # that shows tools (Qwen's, Llama 3.1's, ...) renders them in the context; the calls arrive as the action text.
+    tools: list[dict] | None = None
 
     def scripted_action(self) -> str:
         """A good action in the current state (the SFT stage's demonstrator); games without one raise."""

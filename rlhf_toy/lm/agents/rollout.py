@@ -77,11 +77,19 @@ def user_text(instructions: str, observation: str, first: bool) -> str:
     return f"{instructions}\n{observation}" if first and instructions else observation
 
 
-def render_context(tok, instructions: str, past: list[tuple[str, list[int], str]], observation: str, history: int):
+def render_context(
+    tok,
+    instructions: str,
+    past: list[tuple[str, list[int], str]],
+    observation: str,
+    history: int,
+    tools: list[dict] | None = None,
+):
     """Token ids of what the agent reads: `past` turns as (observation, reply ids, reply text), the last `history`
     of them kept (ALL_HISTORY: all), then the current `observation`; the instructions open the first kept user
     message. This project's format: `<|user|>obs<|bot|>reply<|eos|>...<|user|>obs<|bot|>` with the replies' own
-    tokens; a tokenizer with a chat template renders the same messages with it."""
+    tokens; a tokenizer with a chat template renders the same messages with it, and the environment's `tools`
+    (JSON schemas, as transformers' `get_json_schema` gives them) where the template shows tools."""
     kept = past if history == ALL_HISTORY else past[len(past) - history :] if history else []
     if getattr(tok, "chat_template", None):
         messages: list[dict[str, str]] = []
@@ -89,12 +97,17 @@ def render_context(tok, instructions: str, past: list[tuple[str, list[int], str]
             messages += [{"role": "user", "content": user_text(instructions, obs, i == 0)}]
             messages += [{"role": "assistant", "content": text}]
         messages.append({"role": "user", "content": user_text(instructions, observation, not kept)})
-        rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         return tok.encode(rendered, add_special_tokens=False)
     ids: list[int] = []
     for i, (obs, reply, _) in enumerate(kept):
         ids += tok.encode(f"{USER}{user_text(instructions, obs, i == 0)}{BOT}") + reply
     return ids + tok.encode(f"{USER}{user_text(instructions, observation, not kept)}{BOT}")
+
+
+def env_tools(env: TextEnv) -> list[dict] | None:
+    """The tools an environment declares (`TextEnv.tools`: JSON schemas), for a chat template that shows them."""
+    return getattr(env, "tools", None) or None
 
 
 def env_failure(name: str, turn: int, seed: int, what: str) -> UserError:
@@ -147,12 +160,15 @@ def run_episodes(
 ) -> list[Episode]:
     """Play one episode in each of `envs` (reset with `seeds`), in lockstep, sampling with torch's global RNG."""
     limit = context_length(model.config)
+    tools = env_tools(envs[0])
     episodes = [Episode(seed) for seed in seeds]
     observations = [checked_reset(env, seed, name) for env, seed in zip(envs, seeds)]
     past: list[list[tuple[str, list[int], str]]] = [[] for _ in envs]
     active = list(range(len(envs)))
     for turn in range(settings.max_turns):
-        contexts = {i: render_context(tok, instructions, past[i], observations[i], settings.history) for i in active}
+        contexts = {
+            i: render_context(tok, instructions, past[i], observations[i], settings.history, tools) for i in active
+        }
         for i in list(active):
             if len(contexts[i]) + settings.max_new_tokens > limit:
                 if turn == 0:
@@ -204,12 +220,13 @@ def run_episodes(
                 ep.terminated, ep.truncated = terminated, not terminated
                 ep.success = bool(info.get("success", False))
                 if ep.truncated:
-                    ep.next_context = render_context(tok, instructions, past[i], obs, settings.history)[-(limit - 1) :]
+                    context = render_context(tok, instructions, past[i], obs, settings.history, tools)
+                    ep.next_context = context[-(limit - 1) :]
             else:
                 still.append(i)
         active = still
     for i, ep in enumerate(episodes):
-        whole = render_context(tok, instructions, past[i], observations[i], ALL_HISTORY)
+        whole = render_context(tok, instructions, past[i], observations[i], ALL_HISTORY, tools)
         ep.env_tokens = len(whole) - ep.agent_tokens
     return episodes
 
@@ -250,14 +267,16 @@ def demonstrate(
     return out
 
 
-def demo_pairs(tok, demos: list[DemoEpisode], instructions: str, history: int) -> list[tuple[list[int], list[int]]]:
+def demo_pairs(
+    tok, demos: list[DemoEpisode], instructions: str, history: int, tools: list[dict] | None = None
+) -> list[tuple[list[int], list[int]]]:
     """(context ids, reply ids + EOS) of every demonstrated turn, rendered as the agent will read them."""
     pairs = []
     for d in demos:
         past: list[tuple[str, list[int], str]] = []
         for obs, action in d.steps:
             reply = encode_responses(tok, [action])[0]
-            pairs.append((render_context(tok, instructions, past, obs, history), reply))
+            pairs.append((render_context(tok, instructions, past, obs, history, tools), reply))
             past.append((obs, reply, action))
     return pairs
 

@@ -40,12 +40,13 @@ from ..algorithms.rlhf import (
 )
 from ..data.text import distinct_2
 from ..models.causal_lm import position_ids
-from ..models.chat import pad_sequences, widen
+from ..models.chat import pad_sequences
 from ..models.devices import autocast, check_bf16, model_device
 from ..models.policy import PolicyWithValueHead
 from ..models.sampling import Samples
 from .registry import ALL_HISTORY, EnvRecord, get_env
 from .rollout import Episode, RolloutSettings, run_episodes, summary
+from .rows import Segment, episode_layout, rows_of
 
 CREDITS = ("turn", "token")
 # RLHFConfig's settings an agent run does not read, with why (its command refuses them; the Python API too).
@@ -127,44 +128,6 @@ def state_values(policy: PolicyWithValueHead, contexts: list[list[int]], pad_id:
     return policy.value_head(out.hidden_states[-1][:, -1]).squeeze(-1).float()
 
 
-def rows_of(episodes: list[Episode], tok) -> Samples:
-    """Every turn of `episodes`, in order, as one row: context left-padded `[N, P]`, reply right-padded `[N, R]`."""
-    turns = [t for e in episodes for t in e.turns]
-    ctx, ctx_mask = pad_sequences([t.context for t in turns], tok.pad_token_id, "left")
-    reply, reply_mask = pad_sequences([t.reply for t in turns], tok.pad_token_id, "right")
-    R = reply.shape[1]
-    stack = lambda xs: torch.stack([widen(x[None].float(), R, 0, "right")[0] for x in xs])  # noqa: E731
-    hidden = None
-    if all(t.hidden is not None for t in turns):
-        hidden = torch.stack([torch.nn.functional.pad(t.hidden, (0, 0, 0, R - len(t.reply))) for t in turns])
-    return Samples(
-        [t.observation for t in turns],
-        ctx,
-        ctx_mask,
-        reply,
-        reply_mask,
-        torch.tensor([t.eos for t in turns]),
-        [t.text for t in turns],
-        stack([t.logprobs for t in turns]),
-        stack([t.entropy for t in turns]),
-        hidden,
-    )
-
-
-def episode_layout(episodes: list[Episode], credit: str) -> tuple[list[tuple[int, int, int, int]], int]:
-    """Where each row (turn) sits in its episode's sequence: `(episode, start, length, turn)` per row and the
-    sequence length. "turn": a turn is one step (length 1); "token": its reply's tokens, one after another."""
-    places, width = [], 1
-    for b, e in enumerate(episodes):
-        pos = 0
-        for t, turn in enumerate(e.turns):
-            n = 1 if credit == "turn" else len(turn.reply)
-            places.append((b, pos, n, t))
-            pos += n
-        width = max(width, pos)
-    return places, width
-
-
 def play(
     lm, tok, record: EnvRecord, settings: RolloutSettings, envs: list, seeds: list[int], greedy: bool, critic: bool
 ) -> list[Episode]:
@@ -198,6 +161,11 @@ def held_out(
     finally:
         torch.set_rng_state(state)
     return summary(episodes), episodes
+
+
+def first_turns(segments: list[Segment]) -> list[int]:
+    """The index of each row's first turn (turns in order, `segments` as `rows.rows_of` gives them)."""
+    return [j for j, s in enumerate(segments) if j == 0 or s.row != segments[j - 1].row]
 
 
 class AgentTrainer:
@@ -269,16 +237,28 @@ class AgentTrainer:
         kept = (kept + spare)[:n]  # filled with equal groups (zero advantage) when the rounds ran out
         return kept, {"equal_groups": equal / groups, "rounds": float(rounds)}
 
-    def turn_rewards(self, rows: Samples) -> Tensor:
-        """`[N]` each turn's reward: the environment's, less any missing-EOS and overlong penalty of its reply."""
-        rewards = torch.tensor([t.reward for e in self.last_episodes for t in e.turns], dtype=torch.float32)
-        return reply_penalties(rewards, rows.eos, rows.response_mask.sum(1), self.rl)
+    @property
+    def packs(self) -> bool:
+        """Whether whole-history episodes train as one row each (`rows`: the same log-probs at a fraction of the
+        cost): only where the loss is a mean over the agent's tokens, which the layout then does not change."""
+        return (
+            self.settings.history == ALL_HISTORY
+            and self.ppo.loss_aggregation == "token"
+            and self.ppo.ratio_level == "token"
+        )
+
+    def turn_rewards(self) -> Tensor:
+        """`[T]` each turn's reward: the environment's, less any missing-EOS and overlong penalty of its reply."""
+        turns = [t for e in self.last_episodes for t in e.turns]
+        rewards = torch.tensor([t.reward for t in turns], dtype=torch.float32)
+        eos, lengths = torch.tensor([t.eos for t in turns]), torch.tensor([len(t.reply) for t in turns])
+        return reply_penalties(rewards, eos, lengths, self.rl)
 
     def experience(self, episodes: list[Episode], beta: float) -> tuple[RolloutBatch, Tensor, Samples]:
         """The rows of `episodes` with the algorithm's advantages; also each episode's summed KL `[B]` (and
         `self.row_episodes`, each row's episode, for the update's minibatches)."""
         self.last_episodes = episodes
-        rows = rows_of(episodes, self.tok)
+        rows, segments = rows_of(episodes, self.tok, self.packs)
         mask = rows.response_mask.float()
         device = self.policy.value_head[0].weight.device
         with torch.no_grad():
@@ -289,16 +269,19 @@ class AgentTrainer:
                 ref = reference_logprobs(self.policy, self.ref_model, rows, self.rl.temperature).float().cpu() * mask
             in_reward = self.rl.kl_in == "reward"
             penalty = per_token_kl(rows.logprobs, ref, self.rl.penalty_estimator) * mask
-            signals, places = self.signals(episodes, rows, values, penalty, beta if in_reward else 0.0)
+            signals, places = self.signals(episodes, segments, values, penalty, beta if in_reward else 0.0)
             adv, ret = self.algorithm.advantages(signals, self.ppo, self.rl.group_size)
         row_adv, row_ret = torch.zeros_like(mask), torch.zeros_like(mask)
-        for r, (b, start, n, _) in enumerate(places):
-            width = int(mask[r].sum())
+        loss_mask = mask.clone()
+        turns = [t for e in episodes for t in e.turns]
+        for (b, start, n, _), (r, o), turn in zip(places, segments, turns):
+            span = slice(o, o + len(turn.reply))
             if self.agent.credit == "turn":
-                row_adv[r, :width], row_ret[r, :width] = adv[b, start], ret[b, start]
+                row_adv[r, span], row_ret[r, span] = adv[b, start], ret[b, start]
             else:
-                row_adv[r, :width], row_ret[r, :width] = adv[b, start : start + n], ret[b, start : start + n]
-        loss_mask = mask * rows.eos[:, None].float() if self.rl.mask_truncated else mask
+                row_adv[r, span], row_ret[r, span] = adv[b, start : start + n], ret[b, start : start + n]
+            if self.rl.mask_truncated and not turn.eos:
+                loss_mask[r, span] = 0.0
         if self.ppo.normalize_advantages:  # centred over the whole step, not scaled (`update` says why)
             row_adv = row_adv - masked_mean(row_adv, loss_mask)
         batch = RolloutBatch(
@@ -312,27 +295,29 @@ class AgentTrainer:
             ref,
         )
         kl = per_token_kl(rows.logprobs, ref, "k1") * mask
-        self.row_episodes = torch.tensor([p[0] for p in places])
+        self.row_episodes = torch.tensor([places[j][0] for j in first_turns(segments)])
         episode_kl = torch.zeros(len(episodes)).index_add_(0, self.row_episodes, kl.sum(1))
         return batch, episode_kl, rows
 
-    def signals(self, episodes: list[Episode], rows: Samples, values: Tensor, penalty: Tensor, beta: float):
-        """The episodes as the advantage functions read them (`online.Signals`, `[B, steps]`), and where each row
-        sits (`episode_layout`)."""
+    def signals(self, episodes: list[Episode], segments: list[Segment], values: Tensor, penalty: Tensor, beta: float):
+        """The episodes as the advantage functions read them (`online.Signals`, `[B, steps]`), and where each turn
+        sits in its episode (`episode_layout`); `segments`: where each turn sits in the rows (`rows.rows_of`),
+        `values` and `penalty` `[N, R]` per row."""
         places, width = episode_layout(episodes, self.agent.credit)
         B = len(episodes)
         rewards, vals, kl, step_mask = (torch.zeros(B, width) for _ in range(4))
-        turn_rewards = self.turn_rewards(rows)
-        mask = rows.response_mask.float()
-        for r, (b, start, n, _) in enumerate(places):
+        turn_rewards = self.turn_rewards()
+        turns = [t for e in episodes for t in e.turns]
+        for j, ((b, start, n, _), (r, o), turn) in enumerate(zip(places, segments, turns)):
+            span = slice(o, o + len(turn.reply))
             if self.agent.credit == "turn":
-                rewards[b, start] = turn_rewards[r] - beta * penalty[r].sum()
-                vals[b, start], kl[b, start], step_mask[b, start] = values[r, 0], penalty[r].sum(), 1.0
+                rewards[b, start] = turn_rewards[j] - beta * penalty[r, span].sum()
+                vals[b, start], kl[b, start], step_mask[b, start] = values[r, o], penalty[r, span].sum(), 1.0
             else:
-                rewards[b, start : start + n] = -beta * penalty[r, :n]
-                rewards[b, start + n - 1] += turn_rewards[r]
-                vals[b, start : start + n], kl[b, start : start + n] = values[r, :n], penalty[r, :n]
-                step_mask[b, start : start + n] = mask[r, :n]
+                rewards[b, start : start + n] = -beta * penalty[r, span]
+                rewards[b, start + n - 1] += turn_rewards[j]
+                vals[b, start : start + n], kl[b, start : start + n] = values[r, span], penalty[r, span]
+                step_mask[b, start : start + n] = 1.0
         if self.rl.whiten_rewards:
             rewards = masked_whiten(rewards, step_mask, shift_mean=False)
         scores = torch.zeros(B).index_add_(0, torch.tensor([p[0] for p in places]), turn_rewards)
@@ -362,6 +347,7 @@ class AgentTrainer:
             stats = self.update(batch, beta)
         self.step_count += 1
         mask = rows.response_mask.float()
+        turns = [t for e in episodes for t in e.turns]
         metrics = {
             "step": self.step_count,
             **{f"agent/{k}": v for k, v in figures.items()},
@@ -369,10 +355,10 @@ class AgentTrainer:
             "objective/kl": episode_kl.mean().item(),
             "objective/beta": beta,
             "policy/entropy": masked_mean(rows.entropy, mask).item(),
-            "policy/response_length": mask.sum(1).mean().item(),
+            "policy/response_length": float(np.mean([len(t.reply) for t in turns])),
             "policy/length_limit": float(self.rl.max_new_tokens),
-            "policy/eos_rate": rows.eos.float().mean().item(),
-            "policy/distinct_2": distinct_2(rows.texts),
+            "policy/eos_rate": float(np.mean([t.eos for t in turns])),
+            "policy/distinct_2": distinct_2([t.text for t in turns]),
             **{f"ppo/{k}": v for k, v in stats.items()},
             **{f"sampling/{k}": v for k, v in sampling.items()},
             "time/step_s": time.perf_counter() - t0,
@@ -402,6 +388,7 @@ class AgentTrainer:
                 kl_estimator=self.rl.penalty_estimator,
                 length=self.rl.max_new_tokens,
                 episodes=self.row_episodes,  # minibatch_size counts episodes: the gradient steps do not grow with turns
+                trim=True,  # episodes of 2 and of 20 turns share a batch: each minibatch as long as its longest
             )
         except NonFiniteUpdate as exc:
             raise UserError(f"step {self.step_count + 1}: {exc}; lower --learning_rate") from None
