@@ -59,6 +59,20 @@ def configure(threads):
         os.environ[k] = v
 
 
+def cpu_run_args(seed):
+    """The TRL trainer arguments every runner shares: CPU, no trackers, no checkpoints, no progress bars, a log line
+    per optimizer step, the data loaded in the main process."""
+    return dict(
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=seed,
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+
+
 def quiet_libraries(verbose, category=FutureWarning):
     """transformers' logs and progress bars off, warnings of `category` ignored (unless `verbose`)."""
     import warnings

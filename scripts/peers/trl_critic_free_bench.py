@@ -41,6 +41,7 @@ import sys
 from peer_common import (
     add_common_args,
     configure,
+    cpu_run_args,
     flop_counter,
     gflops,
     logger,
@@ -153,13 +154,7 @@ def main():
             disable_dropout=True,
             bf16=False,
             gradient_checkpointing=False,
-            report_to="none",
-            save_strategy="no",
-            logging_steps=1,
-            disable_tqdm=True,
-            seed=a.seed,
-            use_cpu=True,
-            dataloader_num_workers=0,
+            **cpu_run_args(a.seed),
         )
         if a.trainer == "rloo":
             cfg, cls = trl.RLOOConfig(**common), trl.RLOOTrainer
