@@ -202,5 +202,5 @@ def test_a_trimmed_minibatch_drops_only_the_columns_after_its_last_real_token():
     assert cut.observations is mb.observations  # the prompts stay whole
     full = RolloutBatch(x, x.long(), x, x, x, x, torch.ones(2, 5))
     assert trimmed(full) is full
-    steps = RolloutBatch(x, torch.zeros(2), x[:, 0], x[:, 0], x[:, 0], x[:, 0], torch.ones(2))  # env steps: no time axis
+    steps = RolloutBatch(x, torch.zeros(2), x[:, 0], x[:, 0], x[:, 0], x[:, 0], torch.ones(2))  # no time axis
     assert trimmed(steps) is steps
