@@ -18,7 +18,8 @@ Reported: episodes per second (median over rounds) and their ratio; the sampled 
 both sides (its mean over the last quarter of the steps); and the greedy held-out success of both trained policies
 under this project's evaluation (the same held-out episodes for both).
 
-    python scripts/bench_agents.py --trl-python .venv-trl-new/bin/python --repeats 3
+    .venv-trl-new/bin/pip install gymnasium      # the TRL venv of scripts/bench_rlhf.py, plus the game's library
+    python scripts/bench_agents.py --trl-python .venv-trl-new/bin/python --repeats 3 --steps 5
 """
 
 import argparse
