@@ -22,10 +22,15 @@ from .rollout import Episode, Turn
 
 
 class Segment(NamedTuple):
-    """Where a turn's reply sits in the rows: row `row`, response positions `offset` to `offset + len(reply)`."""
+    """Where `turn`'s reply sits in the rows: row `row`, response positions `span` (from `offset`)."""
 
     row: int
     offset: int
+    turn: Turn
+
+    @property
+    def span(self) -> slice:
+        return slice(self.offset, self.offset + len(self.turn.reply))
 
 
 def chained(e: Episode) -> bool:
@@ -65,15 +70,15 @@ def rows_of(episodes: list[Episode], tok, pack: bool = False) -> tuple[Samples, 
     segments = []
     for r, (_, _, placed) in enumerate(specs):
         for t, o in placed:
-            n = len(t.reply)
-            mask[r, o : o + n] = 1
+            seg = Segment(r, o, t)
+            mask[r, seg.span] = 1
             if t.logprobs is not None:
-                logprobs[r, o : o + n] = t.logprobs.float()
+                logprobs[r, seg.span] = t.logprobs.float()
             if t.entropy is not None:
-                entropy[r, o : o + n] = t.entropy.float()
+                entropy[r, seg.span] = t.entropy.float()
             if hidden is not None:
-                hidden[r, o : o + n] = t.hidden  # type: ignore[index]
-            segments.append(Segment(r, o))
+                hidden[r, seg.span] = t.hidden  # type: ignore[index]
+            segments.append(seg)
     samples = Samples(
         [t.observation for _, _, placed in specs for t, _ in placed[:1]],
         ctx,

@@ -45,7 +45,7 @@ from ..models.devices import autocast, check_bf16, model_device
 from ..models.policy import PolicyWithValueHead
 from ..models.sampling import Samples
 from .registry import ALL_HISTORY, EnvRecord, get_env
-from .rollout import Episode, RolloutSettings, run_episodes, summary
+from .rollout import Episode, RolloutSettings, Turn, run_episodes, summary
 from .rows import Segment, episode_layout, rows_of
 
 CREDITS = ("turn", "token")
@@ -247,9 +247,8 @@ class AgentTrainer:
             and self.ppo.ratio_level == "token"
         )
 
-    def turn_rewards(self) -> Tensor:
+    def turn_rewards(self, turns: list[Turn]) -> Tensor:
         """`[T]` each turn's reward: the environment's, less any missing-EOS and overlong penalty of its reply."""
-        turns = [t for e in self.last_episodes for t in e.turns]
         rewards = torch.tensor([t.reward for t in turns], dtype=torch.float32)
         eos, lengths = torch.tensor([t.eos for t in turns]), torch.tensor([len(t.reply) for t in turns])
         return reply_penalties(rewards, eos, lengths, self.rl)
@@ -273,14 +272,13 @@ class AgentTrainer:
             adv, ret = self.algorithm.advantages(signals, self.ppo, self.rl.group_size)
         row_adv, row_ret = torch.zeros_like(mask), torch.zeros_like(mask)
         loss_mask = mask.clone()
-        turns = [t for e in episodes for t in e.turns]
-        for (b, start, n, _), (r, o), turn in zip(places, segments, turns):
-            span = slice(o, o + len(turn.reply))
+        for (b, start, n, _), seg in zip(places, segments):
+            r, span = seg.row, seg.span
             if self.agent.credit == "turn":
                 row_adv[r, span], row_ret[r, span] = adv[b, start], ret[b, start]
             else:
                 row_adv[r, span], row_ret[r, span] = adv[b, start : start + n], ret[b, start : start + n]
-            if self.rl.mask_truncated and not turn.eos:
+            if self.rl.mask_truncated and not seg.turn.eos:
                 loss_mask[r, span] = 0.0
         if self.ppo.normalize_advantages:  # centred over the whole step, not scaled (`update` says why)
             row_adv = row_adv - masked_mean(row_adv, loss_mask)
@@ -306,13 +304,12 @@ class AgentTrainer:
         places, width = episode_layout(episodes, self.agent.credit)
         B = len(episodes)
         rewards, vals, kl, step_mask = (torch.zeros(B, width) for _ in range(4))
-        turn_rewards = self.turn_rewards()
-        turns = [t for e in episodes for t in e.turns]
-        for j, ((b, start, n, _), (r, o), turn) in enumerate(zip(places, segments, turns)):
-            span = slice(o, o + len(turn.reply))
+        turn_rewards = self.turn_rewards([seg.turn for seg in segments])
+        for j, ((b, start, n, _), seg) in enumerate(zip(places, segments)):
+            r, span = seg.row, seg.span
             if self.agent.credit == "turn":
                 rewards[b, start] = turn_rewards[j] - beta * penalty[r, span].sum()
-                vals[b, start], kl[b, start], step_mask[b, start] = values[r, o], penalty[r, span].sum(), 1.0
+                vals[b, start], kl[b, start], step_mask[b, start] = values[r, seg.offset], penalty[r, span].sum(), 1.0
             else:
                 rewards[b, start : start + n] = -beta * penalty[r, span]
                 rewards[b, start + n - 1] += turn_rewards[j]
