@@ -41,7 +41,7 @@ sys.path.insert(0, str(PEERS))
 import frozenlake_tools  # noqa: E402
 
 from rlhf_toy.lm.agents.registry import ALL_HISTORY, user_record  # noqa: E402
-from rlhf_toy.lm.agents.rollout import RolloutSettings, demo_pairs, demonstrate  # noqa: E402
+from rlhf_toy.lm.agents.rollout import RolloutSettings, demo_pairs, demonstrate, render_context  # noqa: E402
 from rlhf_toy.lm.agents.trainer import held_out  # noqa: E402
 from rlhf_toy.lm.algorithms.sft import SFTConfig, train_sft  # noqa: E402
 from rlhf_toy.lm.models.causal_lm import ModelConfig, new_causal_lm  # noqa: E402
@@ -179,12 +179,7 @@ def main():
     sft = prepare(a, out)
     model, tok = load_causal_lm(sft, "the benchmark's SFT model")
     env = frozenlake_tools.make()
-    first = tok.apply_chat_template(
-        [{"role": "user", "content": f"{env.instructions}\n{env.reset(seed=0)[0]}"}],
-        tools=env.tools,
-        add_generation_prompt=True,
-    )
-    context = len(first if isinstance(first, list) else first["input_ids"])
+    context = len(render_context(tok, env.instructions, [], env.reset(seed=0)[0], ALL_HISTORY, env.tools))
     sft_success = evaluate(a, model, tok)
     prepared = f"prepared in {time.perf_counter() - t0:.0f} s; SFT held-out success {sft_success}"
     print(f"[bench_agents] {prepared}", file=sys.stderr)
