@@ -165,6 +165,23 @@ def test_the_calculator_answers_and_is_checked():
     assert off.step(f"calc {a}*{b}")[0].endswith("calc off")
 
 
+def test_the_calculator_shows_a_fixed_width_display_and_reads_answers_as_numbers():
+    env = CalculatorTool()
+    env.reset(seed=0)
+    env.a, env.b = 106, 315  # 33390: five digits
+    assert env.step("calc 106*315")[0] == "106*315=? calc 033390"
+    assert env.scripted_action() == "answer 033390"
+    assert env.step("answer 033390")[1:3] == (1.0, True)
+    env.reset(seed=0)
+    env.a, env.b = 106, 315
+    assert env.step("calc 100-999")[0].endswith("calc -000899")  # the sign before the padding
+    assert env.step("answer 33390")[1] == 1.0  # the same number without the padding
+    raw = CalculatorTool(width=0)
+    raw.reset(seed=0)
+    raw.a, raw.b = 106, 315
+    assert raw.step("calc 106*315")[0].endswith("calc 33390") and raw.direct_action() == "answer 33390"
+
+
 def test_every_built_in_environment_runs_its_demonstrator():
     from rlhf_toy.lm.agents.rollout import demonstrate
 

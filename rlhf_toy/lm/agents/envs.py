@@ -225,13 +225,19 @@ ANSWER = re.compile(r"answer\s*(-?\d+)")
 class CalculatorTool(TextEnv):
     """A 3-digit multiplication the tiny model cannot do in its head, with a calculator it may call: `calc A*B`
     (also + and -) answers with the result as the next observation; `answer N` ends the episode, reward 1 if N is
-    the product, else 0. Anything else: `INVALID_PENALTY` and the question again. `tool=False`: the calculator
-    answers "off" (what the model does without it)."""
+    the product, else 0 (read as a number: `answer 099162` is 99162). Anything else: `INVALID_PENALTY` and the
+    question again. `tool=False`: the calculator answers "off" (what the model does without it).
+
+    `width`: the display shows the result zero-padded to that many digits, as a fixed-width display does (0: as
+    many digits as it has). Why six by default, measured (seed 0, 300 held-out problems): with the variable-width
+    display the tiny GPT-2 copied every 6-digit result and none of the 5-digit ones (0 of 55, the 18% of
+    products under 100,000): its learned absolute positions copy from fixed places, and a shorter result moves
+    the answer one token earlier."""
 
     instructions = "Use calc A*B, then answer N."
 
-    def __init__(self, tool: bool = True) -> None:
-        self.tool = tool
+    def __init__(self, tool: bool = True, width: int = 6) -> None:
+        self.tool, self.width = tool, width
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
@@ -254,16 +260,20 @@ class CalculatorTool(TextEnv):
                 return f"{self.question()} calc off", 0.0, False, False, {}
             x, op, y = int(call.group(1)), call.group(2), int(call.group(3))
             self.result = x * y if op == "*" else x + y if op == "+" else x - y
-            return f"{self.question()} calc {self.result}", 0.0, False, False, {"tool": True}
+            return f"{self.question()} calc {self.display(self.result)}", 0.0, False, False, {"tool": True}
         return f"{self.question()} invalid", self.invalid_penalty, False, False, {"invalid": True}
 
+    def display(self, value: int) -> str:
+        """`value` as the calculator shows it: zero-padded to `width` digits (after a minus sign)."""
+        return f"{value:0{self.width + (value < 0)}d}" if self.width else str(value)
+
     def scripted_action(self) -> str:
-        """Call the calculator, then answer with what it said."""
-        return f"answer {self.result}" if self.result is not None else f"calc {self.a}*{self.b}"
+        """Call the calculator, then answer with what it showed."""
+        return f"answer {self.display(self.result)}" if self.result is not None else f"calc {self.a}*{self.b}"
 
     def direct_action(self) -> str:
         """The right answer at once, without the calculator (an oracle's demonstration)."""
-        return f"answer {self.a * self.b}"
+        return f"answer {self.display(self.a * self.b)}"
 
     def random_action(self, rng: np.random.Generator) -> str:
         """A guess of the right size, without the calculator (what answering in one's head looks like)."""

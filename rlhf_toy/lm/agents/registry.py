@@ -116,7 +116,8 @@ ENVIRONMENTS: dict[str, EnvRecord] = {
             demonstrator="half-tool",
             settings={**AGENT_SETTINGS, "steps": 40, "gamma": 1.0},
             # measured (seed 0): 200 demonstrations x 3 epochs left the model unable to copy the six digits into
-            # `calc` (greedy 0.00 after RL); 2,000 x 5: SFT 0.68, after RL 0.82; 4,000 x 10: 0.57, then 0.75
+            # `calc` (greedy 0.00 after RL); 2,000 x 5: SFT 0.68, after RL 0.82 with a variable-width display (no
+            # 5-digit result copied) and 1.00 with the fixed-width one (`CalculatorTool.width`)
             run={"demos": 2000, "sft_epochs": 5},
             target="held-out accuracy >= 0.90 (<= 0.05 without the tool)",
         ),
