@@ -702,6 +702,8 @@ def test_a_kill_then_resume_equals_the_run_that_was_not_stopped(tmp_path, lora):
         "4",
         "--save_every",
         "1",
+        "--max_turns",
+        "6",  # the untrained llama's replies are all invalid: SayYes's own limit of 100 turns cost 30 s here
         "--threads",
         THREADS,
         *extra,
