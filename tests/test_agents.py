@@ -225,7 +225,7 @@ def test_an_environments_tools_are_shown_by_a_chat_template_that_renders_tools()
     episode = run_episodes(model, tok, [env], [0], "Say yes.", settings, "test")[0]
     assert all(tok.decode(t.context).startswith("[tools: say]<user>Say yes.") for t in episode.turns)
     demos = demonstrate(env, [0], "random", 2, "test", np.random.default_rng(0))
-    (context, _), *_ = demo_pairs(tok, demos, "Say yes.", ALL_HISTORY, env.tools)
+    context = demo_pairs(tok, demos, "Say yes.", ALL_HISTORY, env.tools)[0][0]
     assert tok.decode(context).startswith("[tools: say]")
     # An environment without tools renders as before
     assert not tok.decode(render_context(tok, "Say yes.", [], "Turn 1.", 0)).startswith("[tools")
@@ -425,6 +425,34 @@ def test_packing_whole_history_episodes_changes_the_cost_and_not_the_step(credit
     assert not AgentTrainer(model, tok, "tests.agent_envs:SayYes").packs
     grpo = AgentTrainer(model, tok, "tests.agent_envs:SayYes", AgentConfig(algorithm="grpo", history=ALL_HISTORY))
     assert not grpo.packs and grpo.ppo.loss_aggregation == "sequence"
+
+
+def test_sft_packs_a_whole_history_episode_into_one_row_with_the_same_loss():
+    """A demonstrated episode whose contexts chain is one SFT row, its replies trained and the environment's turns
+    between them only read: the same tokens trained and the same mean loss as one row per turn (to float rounding);
+    an episode that does not chain, or does not fit, keeps one row per turn."""
+    from rlhf_toy.lm.agents.rollout import chains
+    from rlhf_toy.lm.algorithms.sft import batch_indices, mean_response_loss, sft_batches, trained_turns
+
+    model, tok = tiny_agent("tests.agent_envs:ThreeTurns", demos=8, history=ALL_HISTORY)
+    env = get_env("tests.agent_envs:ThreeTurns").make()
+    demos = demonstrate(env, [0, 2, 4], "random", 5, "test", np.random.default_rng(1))
+    packed = demo_pairs(tok, demos, env.instructions, ALL_HISTORY)
+    per_turn = demo_pairs(tok, demos, env.instructions, ALL_HISTORY, limit=1)  # no episode fits: one row a turn
+    assert [len(x) for x in packed] == [3] * 3 and len(per_turn) == sum(len(d.steps) for d in demos)
+    for row, turns in zip(packed, (per_turn[3 * i : 3 * i + 3] for i in range(3))):
+        assert chains(turns) and row[0] == turns[0][0] and row[0] + row[1] == turns[-1][0] + turns[-1][1]
+        assert [t for t, keep in zip(row[1], row[2]) if keep] == [t for _, reply in turns for t in reply]
+    labels = lambda pairs: torch.cat([b[2][b[2] != -100] for b in sft_batches(pairs, 64, 0, None, False)])  # noqa: E731
+    assert sorted(labels(packed).tolist()) == sorted(labels(per_turn).tolist())
+    a, b = mean_response_loss(model, packed, tok.pad_token_id), mean_response_loss(model, per_turn, tok.pad_token_id)
+    assert a == pytest.approx(b, rel=1e-5)
+    # A batch counts the replies it trains, so an epoch takes as many steps packed as per turn
+    for size in (3, 6, 9):
+        assert len(batch_indices(packed, size, None)) == len(batch_indices(per_turn, size, None)) == -(-9 // size)
+    assert [trained_turns(x) for x in packed] == [3, 3, 3] and trained_turns(per_turn[0]) == 1
+    # The last k turns only: the contexts do not chain, every turn is its own row, as before
+    assert all(len(x) == 2 for x in demo_pairs(tok, demos, env.instructions, 0))
 
 
 def test_an_agent_learns_a_user_environment_on_a_small_budget():

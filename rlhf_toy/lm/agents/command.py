@@ -166,12 +166,12 @@ def start_agent(
         model = new_causal_lm(tok, model_config or ModelConfig(n_positions=run.n_positions), seed=run.seed)
     held = max(1, run.demos // 10)
     tools = env_tools(env)
-    pairs_train = demo_pairs(tok, demos[held:], instructions, history, tools)
-    pairs_eval = demo_pairs(tok, demos[:held], instructions, history, tools)
     context = context_length(model.config)
-    fits = lambda pairs: [(p, r) for p, r in pairs if len(p) + len(r) <= context]  # noqa: E731
+    pairs_train = demo_pairs(tok, demos[held:], instructions, history, tools, context)
+    pairs_eval = demo_pairs(tok, demos[:held], instructions, history, tools, context)
+    fits = lambda pairs: [x for x in pairs if len(x[0]) + len(x[1]) <= context]  # noqa: E731
     if run.sft_epochs and not fits(pairs_train):
-        longest = min(len(p) + len(r) for p, r in pairs_train)
+        longest = min(len(x[0]) + len(x[1]) for x in pairs_train)
         raise UserError(
             f"environment {record.name}: no demonstrated turn fits the model's context of {context} tokens (the "
             f"shortest is {longest}); shorten the observations, keep less history (--history) or raise --n_positions"

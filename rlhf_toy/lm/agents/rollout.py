@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rlhf_toy.errors import UserError, first_line
 
+from ..algorithms.sft import PairIds
 from ..models.base import context_length
 from ..models.chat import BOT, USER, encode_responses
 from ..models.sampling import sample
@@ -267,17 +268,44 @@ def demonstrate(
     return out
 
 
+def chains(turns: list[tuple[list[int], list[int]]]) -> bool:
+    """Whether each `(context, reply)` turn's context begins with the previous turn's context and reply (the whole
+    history, token for token)."""
+    return all(c[: len(p) + len(r)] == p + r for (p, r), (c, _) in zip(turns, turns[1:]))
+
+
 def demo_pairs(
-    tok, demos: list[DemoEpisode], instructions: str, history: int, tools: list[dict] | None = None
-) -> list[tuple[list[int], list[int]]]:
-    """(context ids, reply ids + EOS) of every demonstrated turn, rendered as the agent will read them."""
-    pairs = []
+    tok,
+    demos: list[DemoEpisode],
+    instructions: str,
+    history: int,
+    tools: list[dict] | None = None,
+    limit: int | None = None,
+) -> PairIds:
+    """The SFT pairs of the demonstrations, rendered as the agent will read them: per demonstrated turn `(context
+    ids, reply ids + EOS)`; or, for an episode whose every context extends the one before (the whole history, token
+    for token) and that fits `limit` tokens, one row (its first context, then every reply and observation, the
+    replies marked as trained; `sft.PairIds`), so the history is run once, not once a turn. The loss is the same
+    mean over reply tokens either way, and a batch counts the replies it trains (`sft.batch_indices`)."""
+    pairs: PairIds = []
     for d in demos:
         past: list[tuple[str, list[int], str]] = []
+        turns = []
         for obs, action in d.steps:
             reply = encode_responses(tok, [action])[0]
-            pairs.append((render_context(tok, instructions, past, obs, history, tools), reply))
+            turns.append((render_context(tok, instructions, past, obs, history, tools), reply))
             past.append((obs, reply, action))
+        if not turns:
+            continue
+        (first, _), (last, last_reply) = turns[0], turns[-1]
+        whole = last + last_reply
+        if len(turns) > 1 and chains(turns) and (limit is None or len(whole) <= limit):
+            trained = [0] * (len(whole) - len(first))
+            for c, r in turns:
+                trained[len(c) - len(first) : len(c) - len(first) + len(r)] = [1] * len(r)
+            pairs.append((first, whole[len(first) :], trained))
+        else:
+            pairs += turns
     return pairs
 
 

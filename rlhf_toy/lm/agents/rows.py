@@ -18,7 +18,7 @@ import torch
 
 from ..models.chat import pad_sequences
 from ..models.sampling import Samples
-from .rollout import Episode, Turn
+from .rollout import Episode, Turn, chains
 
 
 class Segment(NamedTuple):
@@ -36,7 +36,7 @@ class Segment(NamedTuple):
 def chained(e: Episode) -> bool:
     """Whether each turn's context begins with the previous turn's context and reply (the whole history, token
     for token)."""
-    return all(t.context[: len(p.context) + len(p.reply)] == p.context + p.reply for p, t in zip(e.turns, e.turns[1:]))
+    return chains([(t.context, t.reply) for t in e.turns])
 
 
 def row_specs(episodes: list[Episode], pack: bool) -> list[tuple[list[int], list[int], list[tuple[Turn, int]]]]:

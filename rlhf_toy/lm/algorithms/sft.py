@@ -19,7 +19,10 @@ from rlhf_toy.errors import UserError
 from ..models.chat import encode_prompts, encode_responses, pad_sequences
 from ..models.devices import model_device
 
-PairIds = list[tuple[list[int], list[int]]]  # (prompt ids, response ids + EOS) per pair
+# (prompt ids, response ids + EOS) per pair; a third list, where given, marks the response tokens that are trained
+# (1) and those that are only read (0): an agent's whole demonstrated episode in one row, its replies trained and
+# the environment's turns between them read (`agents.rollout.demo_pairs`)
+PairIds = list[tuple[list[int], list[int]] | tuple[list[int], list[int], list[int]]]
 # The full weights of a pretrained model (SmolLM2-135M) take small steps: the default 2e-3 is the fresh tiny model's,
 # and on SmolLM2 it collapsed every reply of an agent's SFT into one repeated word (measured, 2026-12-06).
 PRETRAINED_LEARNING_RATE = 5e-5
@@ -53,18 +56,53 @@ def encode_pairs(tok, pairs: list[tuple[str, str]], n_positions: int) -> tuple[P
     return kept, len(pairs) - len(kept)
 
 
+def trained_turns(pair: tuple[list[int], ...]) -> int:
+    """The replies a pair trains: 1, or the runs of trained tokens its third list marks (a packed episode's turns)."""
+    if len(pair) < 3:
+        return 1
+    marks = pair[2]
+    return sum(1 for i, m in enumerate(marks) if m and (i == 0 or not marks[i - 1]))
+
+
+def batch_indices(
+    pairs_ids: PairIds, batch_size: int, generator: torch.Generator | None, shuffle: bool = True
+) -> list[list[int]]:
+    """Each batch's pair indices, in shuffled order: as many pairs as train `batch_size` replies (a plain pair one,
+    a packed episode each of its turns), so packing changes the cost of an epoch and not its number of steps. With
+    plain pairs: consecutive runs of `batch_size`, the last one shorter."""
+    order = torch.randperm(len(pairs_ids), generator=generator).tolist() if shuffle else list(range(len(pairs_ids)))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    replies = 0
+    for i in order:
+        current.append(i)
+        replies += trained_turns(pairs_ids[i])
+        if replies >= batch_size:
+            batches.append(current)
+            current, replies = [], 0
+    return batches + [current] if current else batches
+
+
+def collate(pairs_ids: PairIds, chunk: list[int], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`(ids, mask, labels)` of the pairs `chunk`, right-padded `[b, L]`; labels are -100 on the prompt, on padding
+    and on the response tokens a pair marks as read only."""
+    pairs = [pairs_ids[i] for i in chunk]
+    ids, mask = pad_sequences([pair[0] + pair[1] for pair in pairs], pad_id, "right")
+    labels = torch.full_like(ids, -100)
+    for i, pair in enumerate(pairs):
+        p, r = pair[0], torch.tensor(pair[1])
+        if len(pair) > 2:
+            r = r.masked_fill(torch.tensor(pair[2]) == 0, -100)  # type: ignore[misc]
+        labels[i, len(p) : len(p) + len(r)] = r
+    return ids, mask, labels
+
+
 def sft_batches(
     pairs_ids: PairIds, batch_size: int, pad_id: int, generator: torch.Generator | None, shuffle: bool = True
 ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-    """Yield `(ids, mask, labels)` right-padded batches `[b, L]`; labels are -100 on the prompt and on padding."""
-    order = torch.randperm(len(pairs_ids), generator=generator).tolist() if shuffle else list(range(len(pairs_ids)))
-    for start in range(0, len(order), batch_size):
-        chunk = [pairs_ids[i] for i in order[start : start + batch_size]]
-        ids, mask = pad_sequences([p + r for p, r in chunk], pad_id, "right")
-        labels = torch.full_like(ids, -100)
-        for i, (p, r) in enumerate(chunk):
-            labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
-        yield ids, mask, labels
+    """Yield `(ids, mask, labels)` batches (`batch_indices`, `collate`)."""
+    for chunk in batch_indices(pairs_ids, batch_size, generator, shuffle):
+        yield collate(pairs_ids, chunk, pad_id)
 
 
 def lm_loss(model, ids: Tensor, mask: Tensor, labels: Tensor) -> tuple[Tensor, int]:
@@ -111,15 +149,17 @@ def train_sft(
     # Under torchrun each rank takes its share of every epoch's batches (batch_size is per rank) and DDP averages
     # the gradients; in one process `data_parallel` and `shard` change nothing.
     trained = data_parallel(model)
-    steps_per_epoch = max(1, -(-len(train_ids) // cfg.batch_size) // rank_and_world()[1])
-    total = steps_per_epoch * cfg.epochs
+    # Every epoch's batches drawn first (the shuffles in the same order as drawn epoch by epoch): a packed episode
+    # counts its turns, so the epochs' step counts can differ and the schedule needs them all.
+    epochs = [batch_indices(train_ids, cfg.batch_size, generator) for _ in range(cfg.epochs)]
+    total = sum(max(1, len(batches) // rank_and_world()[1]) for batches in epochs)
     history = {"eval_loss": [mean_response_loss(model, eval_ids, tok.pad_token_id)], "train_loss": []}
     t0, step = time.perf_counter(), 0
     bar = tqdm(total=total, desc="sft", disable=not progress, leave=False)
     model.train()
-    for _ in range(cfg.epochs):
+    for batches in epochs:
         running, count = 0.0, 0
-        for ids, mask, labels in shard(list(sft_batches(train_ids, cfg.batch_size, tok.pad_token_id, generator))):
+        for ids, mask, labels in shard([collate(train_ids, chunk, tok.pad_token_id) for chunk in batches]):
             for g in opt.param_groups:
                 g["lr"] = cosine_lr(step, total, cfg.learning_rate, warmup=max(1, total // 20))
             loss_sum, n = lm_loss(trained, ids, mask, labels)
