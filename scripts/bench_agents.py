@@ -71,7 +71,11 @@ def parse_args():
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature on both sides")
     p.add_argument("--eval-episodes", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+    a = p.parse_args()
+    for name in ("repeats", "steps", "batch_size", "max_turns", "max_new_tokens", "demos", "eval_episodes"):
+        if getattr(a, name) < 1:  # one error line (argparse's, exit 2), not a traceback after the preparation
+            p.error(f"--{name.replace('_', '-')} must be >= 1, not {getattr(a, name)}")
+    return a
 
 
 def qwen_template(trl_python: str) -> str:
@@ -107,9 +111,12 @@ def prepare(a, out: Path) -> Path:
     tok.chat_template = template
     model = new_causal_lm(tok, ModelConfig(n_positions=a.n_positions), seed=a.seed)
     held = max(1, a.demos // 10)
-    pairs = [demo_pairs(tok, part, env.instructions, ALL_HISTORY, env.tools) for part in (demos[held:], demos[:held])]
-    longest = max(len(c) + len(r) for c, r in pairs[0])
-    print(f"[bench_agents] SFT on {len(pairs[0])} turns, the longest {longest} tokens", file=sys.stderr, flush=True)
+    pairs = [
+        demo_pairs(tok, part, env.instructions, ALL_HISTORY, env.tools, a.n_positions)
+        for part in (demos[held:], demos[:held])
+    ]
+    longest = max(len(x[0]) + len(x[1]) for x in pairs[0])
+    print(f"[bench_agents] SFT on {len(pairs[0])} rows, the longest {longest} tokens", file=sys.stderr, flush=True)
     train_sft(model, tok, pairs[0], pairs[1], SFTConfig(epochs=a.sft_epochs, learning_rate=2e-3), a.seed, False)
     save_model(sft_dir, model, tok)
     torch.set_num_threads(1)

@@ -59,3 +59,14 @@ def test_the_demonstrator_is_a_noisy_walker_that_sometimes_succeeds():
                 wins += info["success"]
                 break
     assert 5 < wins < 60  # neither random (about 0.02) nor the scripted walk (1.00)
+
+
+def test_a_count_below_one_is_one_error_line_before_any_preparation(tmp_path):
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_agents.py"
+    argv = [sys.executable, str(script), "--trl-python", sys.executable, "--out", str(tmp_path / "b"), "--repeats", "0"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith("error: --repeats must be >= 1, not 0")
+    assert not (tmp_path / "b").exists()  # nothing prepared, nothing written
