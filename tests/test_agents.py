@@ -180,6 +180,8 @@ def test_the_calculator_shows_a_fixed_width_display_and_reads_answers_as_numbers
     raw.reset(seed=0)
     raw.a, raw.b = 106, 315
     assert raw.step("calc 106*315")[0].endswith("calc 33390") and raw.direct_action() == "answer 33390"
+    with pytest.raises(ValueError, match="width must be a whole number of digits >= 0"):
+        CalculatorTool(width=-1)
 
 
 def test_every_built_in_environment_runs_its_demonstrator():

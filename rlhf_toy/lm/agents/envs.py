@@ -237,6 +237,8 @@ class CalculatorTool(TextEnv):
     instructions = "Use calc A*B, then answer N."
 
     def __init__(self, tool: bool = True, width: int = 6) -> None:
+        if not isinstance(width, int) or width < 0:
+            raise ValueError(f"width must be a whole number of digits >= 0 (0: unpadded), not {width!r}")
         self.tool, self.width = tool, width
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
