@@ -39,10 +39,16 @@ def join(rank: int, world: int, port: int) -> None:
 
 
 def leave() -> None:
-    """Both ranks reach this point before either tears gloo down: a rank that destroyed the group while its peer
-    was still writing once aborted the peer in CI ("terminate called without an active exception")."""
+    """The worker's last call. Both ranks reach this point before either tears gloo down: a rank that destroyed the
+    group while its peer was still writing once aborted the peer in CI ("terminate called without an active
+    exception"). The same abort came back at the interpreter's exit, after the barrier (2 CI walks in a row,
+    2026-12-07): gloo's threads, still held through the DDP wrapper, outlive the teardown. The worker has written
+    its output by now, so it leaves without the teardown (exit status 0, as `mp.spawn` expects)."""
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class TinyActorCritic(nn.Module):
