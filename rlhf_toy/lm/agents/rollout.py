@@ -274,6 +274,13 @@ def chains(turns: list[tuple[list[int], list[int]]]) -> bool:
     return all(c[: len(p) + len(r)] == p + r for (p, r), (c, _) in zip(turns, turns[1:]))
 
 
+def packed(turns: list[tuple[list[int], list[int]]]) -> tuple[list[int], list[int], list[int]]:
+    """Chained `(context, reply)` turns as one row: `(the first context, every reply and observation after it, each
+    turn's reply offset in that)`."""
+    first, (last, reply) = turns[0][0], turns[-1]
+    return first, (last + reply)[len(first) :], [len(c) - len(first) for c, _ in turns]
+
+
 def demo_pairs(
     tok,
     demos: list[DemoEpisode],
@@ -297,13 +304,12 @@ def demo_pairs(
             past.append((obs, reply, action))
         if not turns:
             continue
-        (first, _), (last, last_reply) = turns[0], turns[-1]
-        whole = last + last_reply
-        if len(turns) > 1 and chains(turns) and (limit is None or len(whole) <= limit):
-            trained = [0] * (len(whole) - len(first))
-            for c, r in turns:
-                trained[len(c) - len(first) : len(c) - len(first) + len(r)] = [1] * len(r)
-            pairs.append((first, whole[len(first) :], trained))
+        if len(turns) > 1 and chains(turns) and (limit is None or sum(map(len, turns[-1])) <= limit):
+            prompt, response, offsets = packed(turns)
+            trained = [0] * len(response)
+            for (_, r), o in zip(turns, offsets):
+                trained[o : o + len(r)] = [1] * len(r)
+            pairs.append((prompt, response, trained))
         else:
             pairs += turns
     return pairs

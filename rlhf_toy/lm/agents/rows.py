@@ -18,7 +18,7 @@ import torch
 
 from ..models.chat import pad_sequences
 from ..models.sampling import Samples
-from .rollout import Episode, Turn, chains
+from .rollout import Episode, Turn, chains, packed
 
 
 class Segment(NamedTuple):
@@ -45,9 +45,8 @@ def row_specs(episodes: list[Episode], pack: bool) -> list[tuple[list[int], list
     specs = []
     for e in episodes:
         if pack and len(e.turns) > 1 and chained(e):
-            first, last = e.turns[0], e.turns[-1]
-            P = len(first.context)
-            specs.append((first.context, (last.context + last.reply)[P:], [(t, len(t.context) - P) for t in e.turns]))
+            prompt, response, offsets = packed([(t.context, t.reply) for t in e.turns])
+            specs.append((prompt, response, list(zip(e.turns, offsets))))
         else:
             specs += [(t.context, t.reply, [(t, 0)]) for t in e.turns]
     return specs
