@@ -2,10 +2,12 @@
 rollout (masks, limits, history), credit assignment across turns against hand computations, every online algorithm
 through its record, bad input as one error line, determinism, and learning on a small budget."""
 
+import importlib.util
 import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium
@@ -24,6 +26,7 @@ from rlhf_toy.lm.agents.envs import (
     optimal_policy,
     optimal_success,
 )
+from rlhf_toy.lm.agents.policy_map import hidden_spread, policy_map, state_dependence
 from rlhf_toy.lm.agents.registry import ALL_HISTORY, ENVIRONMENTS, get_env
 from rlhf_toy.lm.agents.rollout import (
     Episode,
@@ -112,6 +115,74 @@ def test_an_unreadable_action_is_a_penalty_and_a_message_never_a_crash():
         assert info["invalid"] and r == env.invalid_penalty == -1.0 and not (term or trunc) and text.startswith(start)
         assert env.state == 0
     assert env.step("  Down. ")[4] == {"success": False} and env.state == 4  # one action word, any case
+
+
+def test_cartpole_text_an_unreadable_push_is_a_cost_not_a_free_pause():
+    # At 0 an unreadable reply paused the game for free (an episode cut at the turn limit is bootstrapped), and PPO
+    # learned to pause: the penalty makes a pause worse than any push (+1).
+    env = CartPoleText()
+    start, _ = env.reset(seed=3)
+    for bad in ("", "right left left", "push", "\x00"):
+        text, r, term, trunc, info = env.step(bad)
+        assert info["invalid"] and r == env.invalid_penalty == -1.0 and not (term or trunc)
+        assert text == f"{start} invalid" and env.steps == 0
+    assert env.step(" Left.")[1] == 1.0 and env.steps == 1
+
+
+def test_cartpole_text_scripted_rule_keeps_the_pole_up_for_500_steps_and_the_angle_alone_does_not():
+    env, lengths = CartPoleText(), []
+    for seed in range(5):
+        env.reset(seed=seed)
+        while True:
+            _, _, term, trunc, info = env.step(env.scripted_action())
+            if term or trunc:
+                break
+        lengths.append(env.steps)
+        assert trunc and not term and info["success"]
+    assert lengths == [500] * 5
+    env.reset(seed=0)
+    while not env.step("right" if env.obs[2] > 0 else "left")[2]:
+        pass
+    assert env.steps < 200  # the angle alone lets it fall: the rule needs both numbers
+
+
+def test_policy_map_random_walk_sft_ignores_the_state_and_the_scripted_ones_does_not():
+    # A random walk's move does not depend on the state, so neither does its imitation's: the slippery lake's
+    # diagnosis (PPO from there learned one state-blind mix of moves; results page). The optimal policy's
+    # imitation is the control: the map does see each state.
+    record = get_env("frozenlake-slippery")
+    env = record.make()
+    model, tok = tiny_agent("frozenlake-slippery", demos=200, epochs=3)
+    rows = policy_map(model, tok, env)
+    assert [r["state"] for r in rows] == [0, 1, 2, 3, 4, 6, 8, 9, 10, 13, 14]  # not the holes, not the goal
+    assert all(abs(sum(r["probs"].values()) + r["other"] - 1) < 1e-5 for r in rows)
+    assert rows[0]["optimal"] == "left" and all(0.1 < p < 0.4 for p in rows[0]["probs"].values())
+    assert state_dependence(rows) < 0.05
+    blind = hidden_spread(model, tok, env)
+    scripted = replace(record, demonstrator="scripted")
+    model, tok, _ = start_agent(scripted, AgentRunConfig(demos=60, sft_epochs=3), 0, record.max_turns, TINY_MODEL)
+    rows = policy_map(model, tok, env)
+    assert state_dependence(rows) > 0.2 and hidden_spread(model, tok, env) > 3 * blind
+    assert sum(max(r["probs"], key=r["probs"].get) == r["optimal"] for r in rows) >= 7  # of 11
+
+
+def test_state_dependence_by_hand():
+    row = lambda *p: {"probs": dict(zip("ab", p[:2])), "other": p[2]}  # noqa: E731
+    assert state_dependence([row(0.5, 0.3, 0.2)] * 4) == pytest.approx(0.0)
+    assert state_dependence([row(1, 0, 0), row(0, 1, 0)]) == pytest.approx(0.5)
+    assert state_dependence([row(1, 0, 0), row(0, 1, 0), row(0, 0, 1)]) == pytest.approx(2 / 3)
+
+
+def test_policy_map_script_refuses_what_is_not_a_frozenlake_run(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("agent_policy_map", ROOT / "scripts" / "agent_policy_map.py")
+    script = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(script)  # type: ignore[union-attr]
+    assert run_cli(script.main, [str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no agent.json" in err and err.count("\n") == 1
+    (tmp_path / "agent.json").write_text(json.dumps({"settings": {"env": "calculator"}}))
+    assert run_cli(script.main, [str(tmp_path)]) == 2
+    assert "reads FrozenLake runs" in capsys.readouterr().err
 
 
 def test_frozenlake_optimal_success_by_value_iteration_over_gymnasiums_100_steps():
@@ -368,6 +439,17 @@ def test_an_environments_run_defaults_are_the_commands_and_the_python_apis():
     assert defaults["demos"] == 2000 and defaults["sft_epochs"] == 5
     assert agent_run_config("calculator").demos == 2000 and agent_run_config("calculator", demos=7).demos == 7
     assert agent_run_config("frozenlake") == AgentRunConfig()
+
+
+def test_an_environment_never_changes_an_algorithms_passes_over_a_batch():
+    # REINFORCE and RLOO are one on-policy pass (n_epochs 1) by their records: an environment's settings may tune
+    # learning, not turn them into another algorithm.
+    from rlhf_toy.lm.agents.command import agent_command
+
+    for env in ENVIRONMENTS:
+        for name, algorithm in ALGORITHMS.items():
+            want = algorithm.defaults.get("n_epochs", PPOConfig().n_epochs)
+            assert agent_command(["--env", env, "--algorithm", name]).defaults["n_epochs"] == want, (env, name)
 
 
 def test_a_setting_the_algorithm_or_an_agent_run_does_not_read_is_refused():
