@@ -146,14 +146,17 @@ def test_cartpole_text_scripted_rule_keeps_the_pole_up_for_500_steps_and_the_ang
     assert env.steps < 200  # the angle alone lets it fall: the rule needs both numbers
 
 
-def test_policy_map_random_walk_sft_ignores_the_state_and_the_scripted_ones_does_not():
+@pytest.mark.integration
+def test_policy_map_random_walk_sft_ignores_the_state_and_the_optimal_policys_does_not():
     # A random walk's move does not depend on the state, so neither does its imitation's: the slippery lake's
     # diagnosis (PPO from there learned one state-blind mix of moves; results page). The optimal policy's
     # imitation is the control: the map does see each state.
     record = get_env("frozenlake-slippery")
     env = record.make()
     model, tok = tiny_agent("frozenlake-slippery", demos=200, epochs=3)
+    env.reset(seed=0)
     rows = policy_map(model, tok, env)
+    assert env.state == 0  # put back
     assert [r["state"] for r in rows] == [0, 1, 2, 3, 4, 6, 8, 9, 10, 13, 14]  # not the holes, not the goal
     assert all(abs(sum(r["probs"].values()) + r["other"] - 1) < 1e-5 for r in rows)
     assert rows[0]["optimal"] == "left" and all(0.1 < p < 0.4 for p in rows[0]["probs"].values())

@@ -20,15 +20,20 @@ from .rollout import env_tools, render_context
 
 
 def state_contexts(model, tok, env: FrozenLakeText) -> Iterator[tuple[int, torch.Tensor]]:
-    """`(state, context ids [1, T])` for each non-terminal state: what the agent reads on a first turn there."""
+    """`(state, context ids [1, T])` for each non-terminal state: what the agent reads on a first turn there (`env`
+    is put in each state to render it, and back where it was after)."""
     device = next(model.parameters()).device
-    for s in range(env.size**2):
-        r, c = divmod(s, env.size)
-        if env.desc[r][c] in "HG":
-            continue
-        env.state = s
-        ids = render_context(tok, env.instructions, [], env.render_text(), 0, env_tools(env))
-        yield s, torch.tensor([ids[-context_length(model.config) :]], device=device)
+    was = env.state
+    try:
+        for s in range(env.size**2):
+            r, c = divmod(s, env.size)
+            if env.desc[r][c] in "HG":
+                continue
+            env.state = s
+            ids = render_context(tok, env.instructions, [], env.render_text(), 0, env_tools(env))
+            yield s, torch.tensor([ids[-context_length(model.config) :]], device=device)
+    finally:
+        env.state = was
 
 
 @torch.no_grad()
