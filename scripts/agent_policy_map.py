@@ -28,7 +28,7 @@ def table(run: Path, name: str, env: FrozenLakeText) -> str:
         [str(r["state"]), r["optimal"], *(f"{r['probs'][m]:.2f}" for m in moves), f"{r['other']:.2f}"] for r in rows
     ]
     head = ["state", "optimal", *moves, "other"]
-    spread = hidden_spread(model, tok, env)
+    spread = hidden_spread(rows)
     title = f"## {name}: state dependence {state_dependence(rows):.3f}, hidden-state spread {spread:.3f}"
     return f"{title}\n\n{markdown_table(head, body)}\n"
 

@@ -161,11 +161,11 @@ def test_policy_map_random_walk_sft_ignores_the_state_and_the_optimal_policys_do
     assert all(abs(sum(r["probs"].values()) + r["other"] - 1) < 1e-5 for r in rows)
     assert rows[0]["optimal"] == "left" and all(0.1 < p < 0.4 for p in rows[0]["probs"].values())
     assert state_dependence(rows) < 0.05
-    blind = hidden_spread(model, tok, env)
+    blind = hidden_spread(rows)
     scripted = replace(record, demonstrator="scripted")
     model, tok, _ = start_agent(scripted, AgentRunConfig(demos=60, sft_epochs=3), 0, record.max_turns, TINY_MODEL)
     rows = policy_map(model, tok, env)
-    assert state_dependence(rows) > 0.2 and hidden_spread(model, tok, env) > 3 * blind
+    assert state_dependence(rows) > 0.2 and hidden_spread(rows) > 3 * blind
     assert sum(max(r["probs"], key=r["probs"].get) == r["optimal"] for r in rows) >= 7  # of 11
 
 

@@ -38,16 +38,21 @@ def state_contexts(model, tok, env: FrozenLakeText) -> Iterator[tuple[int, torch
 
 @torch.no_grad()
 def policy_map(model, tok, env: FrozenLakeText) -> list[dict[str, Any]]:
-    """One row per non-terminal state: `state`, `optimal` (value iteration's move), `probs` (move -> probability of
-    the move's first token after the state's first-turn context) and `other` (the rest: unreadable starts)."""
+    """One row per non-terminal state, from one forward pass there: `state`, `optimal` (value iteration's move),
+    `probs` (move -> probability of the move's first token after the state's first-turn context), `other` (the
+    rest: unreadable starts) and `hidden` (the last layer's hidden state `[d]` where the reply starts)."""
     model.eval()
     first = {a: tok.encode(a, add_special_tokens=False)[0] for a in env.actions}
     rows = []
     for s, ids in state_contexts(model, tok, env):
-        p = torch.softmax(model(ids).logits[0, -1].float(), -1)
+        out = model(ids, output_hidden_states=True)
+        p = torch.softmax(out.logits[0, -1].float(), -1)
         probs = {a: float(p[i]) for a, i in first.items()}
         optimal = env.actions[env.policy[s]]
-        rows.append({"state": s, "optimal": optimal, "probs": probs, "other": 1 - sum(probs.values())})
+        hidden = out.hidden_states[-1][0, -1].double().cpu()
+        rows.append(
+            {"state": s, "optimal": optimal, "probs": probs, "other": 1 - sum(probs.values()), "hidden": hidden}
+        )
     return rows
 
 
@@ -58,15 +63,8 @@ def state_dependence(rows: list[dict[str, Any]]) -> float:
     return float(0.5 * (table - table.mean(0)).abs().sum(1).mean())
 
 
-@torch.no_grad()
-def hidden_spread(model, tok, env: FrozenLakeText) -> float:
-    """How far apart the states' last-layer hidden states at the reply are: the mean distance of each from their
-    average, over their mean norm (0: the network replies from the same point whatever the state)."""
-    model.eval()
-    h = torch.stack(
-        [
-            model(ids, output_hidden_states=True).hidden_states[-1][0, -1].double()
-            for _, ids in state_contexts(model, tok, env)
-        ]
-    )
+def hidden_spread(rows: list[dict[str, Any]]) -> float:
+    """How far apart the states' hidden states at the reply are (`policy_map`'s `hidden`): the mean distance of each
+    from their average, over their mean norm (0: the network replies from the same point whatever the state)."""
+    h = torch.stack([row["hidden"] for row in rows])
     return float((h - h.mean(0)).norm(dim=1).mean() / h.norm(dim=1).mean())
