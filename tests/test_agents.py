@@ -463,6 +463,22 @@ def test_a_setting_the_algorithm_or_an_agent_run_does_not_read_is_refused():
         AgentTrainer(model, tok, "tests.agent_envs:SayYes", None, RLHFConfig(kl_limit=3.0))
 
 
+def test_critic_warmup_leaves_the_policy_as_it_is_and_only_an_algorithm_with_a_critic_reads_it():
+    rl = RLHFConfig(steps=4, critic_warmup=2, value_lr_scale=5.0)
+    assert [rl.lr_scales(step) for step in range(4)] == [(0.0, 5.0), (0.0, 5.0), (1.0, 5.0), (1.0, 5.0)]
+    model, tok = tiny_agent("tests.agent_envs:SayYes", demos=8)
+    t = AgentTrainer(model, tok, "tests.agent_envs:SayYes", None, RLHFConfig(batch_size=4, critic_warmup=1))
+    lm_before = [p.detach().clone() for p in t.policy.lm.parameters()]
+    head_before = [p.detach().clone() for p in t.policy.value_head.parameters()]
+    t.step()
+    assert all(torch.equal(a, b) for a, b in zip(lm_before, t.policy.lm.parameters())), "the policy moved"
+    assert not all(torch.equal(a, b) for a, b in zip(head_before, t.policy.value_head.parameters()))
+    t.step()
+    assert not all(torch.equal(a, b) for a, b in zip(lm_before, t.policy.lm.parameters()))
+    with pytest.raises(UserError, match="grpo does not read critic_warmup: grpo has no critic"):
+        AgentTrainer(model, tok, "tests.agent_envs:SayYes", AgentConfig(algorithm="grpo"), RLHFConfig(critic_warmup=1))
+
+
 @pytest.mark.parametrize("bf16", ["auto", pytest.param("on", marks=NEEDS_BF16)])
 def test_the_same_seed_gives_the_same_numbers(bf16):
     def run(bf16):

@@ -195,11 +195,24 @@ def test_kl_limit_stops_before_the_update_that_would_follow_and_copies_nothing(s
         ({"kl_target": -1.0}, "kl_target"),
         ({"kl_estimator": "k4"}, "kl_estimator"),
         ({"bf16": "yes"}, "bf16"),
+        ({"critic_warmup": -1}, "critic_warmup"),
+        ({"critic_warmup": 5, "steps": 5}, "critic_warmup"),
     ],
 )
 def test_bad_rlhf_config(kw, match):
     with pytest.raises(UserError, match=match):
         RLHFConfig(**kw)
+
+
+def test_critic_warmup_trains_the_value_head_alone_then_the_policy(sft):
+    t = trainer(sft, critic_warmup=1, steps=3, batch_size=16)
+    lm_before = [p.detach().clone() for p in t.policy.lm.parameters()]
+    head_before = [p.detach().clone() for p in t.policy.value_head.parameters()]
+    t.step()
+    assert all(torch.equal(a, b) for a, b in zip(lm_before, t.policy.lm.parameters())), "the policy moved"
+    assert not all(torch.equal(a, b) for a, b in zip(head_before, t.policy.value_head.parameters()))
+    t.step()
+    assert not all(torch.equal(a, b) for a, b in zip(lm_before, t.policy.lm.parameters()))
 
 
 def test_batch_larger_than_prompt_set(sft):

@@ -379,7 +379,7 @@ class AgentTrainer:
                 replace(self.ppo, normalize_advantages=False),
                 progress=self.step_count / max(1, self.rl.steps),
                 generator=self.update_generator,
-                lr_scales=(1.0, self.rl.value_lr_scale),
+                lr_scales=self.rl.lr_scales(self.step_count),
                 policy_loss=self.algorithm.policy_loss,
                 kl_loss_coef=beta if self.rl.kl_in == "loss" else 0.0,
                 kl_estimator=self.rl.penalty_estimator,

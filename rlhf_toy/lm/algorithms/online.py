@@ -61,7 +61,8 @@ FIELD_DEFAULTS = {f.name: f.default for cls in (RLHFConfig, PPOConfig) for f in 
 # `RLHFConfig` and `PPOConfig` is read by every online algorithm. A record reads a part's settings when it has the
 # part (`OnlineAlgorithm.reads`); a setting it does not read is refused, never ignored (`OnlineAlgorithm.configs`).
 CLIPPED_SETTINGS = ("clip", "clip_range", "clip_range_high", "anneal_clip", "ratio_level")  # the clipped surrogate
-CRITIC_SETTINGS = ("vf_coef", "clip_range_vf", "value_lr_scale")  # the value head's loss and its learning rate
+# the value head's loss, its learning rate, and the steps that train it alone
+CRITIC_SETTINGS = ("vf_coef", "clip_range_vf", "value_lr_scale", "critic_warmup")
 ADVANTAGE_SETTINGS = ("gamma", "gae_lambda")  # each advantage function names those it reads (`reads_settings`)
 
 

@@ -281,7 +281,6 @@ class RLHFTrainer:
         self.policy = PolicyWithValueHead(sft_model.eval(), cfg.temperature, critic=self.algorithm.needs_values(ppo))
         # Two param groups: the language model, and the fresh value head at `value_lr_scale` times its lr.
         self.optimizer = policy_optimizer(self.policy, ppo)
-        self.lr_scales = (1.0, cfg.value_lr_scale)
         # Under torchrun: DDP averages the update's gradients across ranks (and broadcasts rank 0's weights now).
         self.update_policy = data_parallel(self.policy, actor_critic=True)
         self.kl_ctl = kl_controller(cfg)
@@ -478,7 +477,7 @@ class RLHFTrainer:
                 self.ppo,
                 progress=self.step_count / max(1, self.cfg.steps),
                 generator=self.update_generator,
-                lr_scales=self.lr_scales,
+                lr_scales=self.cfg.lr_scales(self.step_count),
                 policy_loss=self.algorithm.policy_loss,
                 kl_loss_coef=beta if self.cfg.kl_in == "loss" else 0.0,
                 group_size=self.cfg.group_size,

@@ -44,6 +44,11 @@ class RLHFConfig(TracksGiven):
     )
     whiten_rewards: bool = option("Whiten per-token rewards (scale only).", False)
     value_lr_scale: float = option("Value head learning rate / policy's.", 50.0)
+    critic_warmup: int = option(
+        "First steps that train only the value head (the policy's learning rate 0, verl's critic_warmup): a fresh "
+        "critic's errors are otherwise the first advantages. They count in --steps.",
+        0,
+    )
     stop_at_eos: bool = option("Stop generation at EOS (off: fixed length).", True)
     save_every: int = option("Checkpoint every this many steps (0: only at the end).", 25)
     group_size: int = option(
@@ -97,6 +102,11 @@ class RLHFConfig(TracksGiven):
         "auto",
     )
 
+    def lr_scales(self, step: int) -> tuple[float, float]:
+        """`ppo_update`'s `lr_scales` at 0-based update `step`: (the language model's, the value head's). The first
+        `critic_warmup` updates leave the policy as it is (scale 0) and fit only the value head."""
+        return (0.0 if step < self.critic_warmup else 1.0, self.value_lr_scale)
+
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "max_new_tokens", "kl_horizon", "kl_limit_window"):
             check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
@@ -116,6 +126,7 @@ class RLHFConfig(TracksGiven):
         check(self.overlong_penalty >= 0, "overlong_penalty", self.overlong_penalty, ">= 0")
         check(self.kl_limit is None or self.kl_limit > 0, "kl_limit", self.kl_limit, "> 0 nats (or None)")
         check(self.value_lr_scale > 0, "value_lr_scale", self.value_lr_scale, "> 0, e.g. 50")
+        check(0 <= self.critic_warmup < self.steps, "critic_warmup", self.critic_warmup, ">= 0 and below --steps")
         check(self.bf16 in BF16, "bf16", self.bf16, "auto, on or off")
         check(self.reward_reads in ("auto", "ids", "text"), "reward_reads", self.reward_reads, "auto, ids or text")
         check(self.group_size >= 1, "group_size", self.group_size, ">= 1 (RLOO and GRPO: >= 2)")
