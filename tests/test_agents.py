@@ -609,6 +609,8 @@ BAD = [
     (["--kl_limit", "3"], "--kl_limit is not read here"),
     (["--algorithm", "nosuch"], "unknown algorithm 'nosuch'"),
     (["--credit", "episode"], "credit must be turn or token"),
+    (["--algorithm", "grpo", "--critic_warmup", "1"], "--critic_warmup is not read here"),
+    (["--env", "cartpole-text", "--steps", "1"], "critic_warmup must be >= 0 and below --steps (got 1)"),
 ]
 
 
