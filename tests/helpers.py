@@ -69,3 +69,17 @@ KILL_AT_STEP = textwrap.dedent("""
     from rlhf_toy.lm.pipeline.cli import main
     main(sys.argv[1:])
 """)
+
+
+def check_critic_warmup(trainer) -> None:
+    """A trainer with `critic_warmup=1`: its first step moves the value head and not the policy, its second the
+    policy."""
+    import torch
+
+    lm = [p.detach().clone() for p in trainer.policy.lm.parameters()]
+    head = [p.detach().clone() for p in trainer.policy.value_head.parameters()]
+    trainer.step()
+    assert all(torch.equal(a, b) for a, b in zip(lm, trainer.policy.lm.parameters())), "the policy moved"
+    assert not all(torch.equal(a, b) for a, b in zip(head, trainer.policy.value_head.parameters()))
+    trainer.step()
+    assert not all(torch.equal(a, b) for a, b in zip(lm, trainer.policy.lm.parameters()))
