@@ -1,7 +1,8 @@
-"""Test-wide settings: offline, one torch thread (two processes with two threads each slow down 10-100x here).
+"""Test-wide settings: offline, one torch thread (two processes with two threads each slow down 10-100x here). The
+suite runs in two pytest-xdist workers (`pyproject.toml`), so a 2-core machine runs two single-thread processes.
 
 To check that no test depends on one machine's numerics, run the suite under other numerics:
-`RLHF_TOY_TEST_THREADS=2` (torch threads of the tests and of the stages they run) and
+`RLHF_TOY_TEST_THREADS=2 pytest -n 0` (torch threads of the tests and of the stages they run) and
 `RLHF_TOY_TEST_DETERMINISTIC=1` (`torch.use_deterministic_algorithms`).
 """
 
