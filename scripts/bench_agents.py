@@ -20,6 +20,8 @@ under this project's evaluation (the same held-out episodes for both).
 
     .venv-trl-new/bin/pip install gymnasium      # the TRL venv of scripts/bench_rlhf.py, plus the game's library
     python scripts/bench_agents.py --trl-python .venv-trl-new/bin/python --repeats 3 --steps 5
+    python scripts/bench_agents.py --trl-python .venv-trl-new/bin/python --repeats 3 --steps 5 \\
+        --async-rollouts --trl-two-threads      # also ours beside its update, and TRL on two threads
 """
 
 import argparse
@@ -71,6 +73,11 @@ def parse_args():
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature on both sides")
     p.add_argument("--eval-episodes", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--async-rollouts", action="store_true",
+        help="also run ours with --async_rollouts True (a second process samples beside the update: two cores)",
+    )  # fmt: skip
+    p.add_argument("--trl-two-threads", action="store_true", help="also run TRL on two torch threads (two cores)")
     a = p.parse_args()
     for name in ("repeats", "steps", "batch_size", "max_turns", "max_new_tokens", "demos", "eval_episodes"):
         if getattr(a, name) < 1:  # one error line (argparse's, exit 2), not a traceback after the preparation
@@ -123,7 +130,7 @@ def prepare(a, out: Path) -> Path:
     return sft_dir
 
 
-def ours(a, sft: Path, run_dir: Path) -> dict:
+def ours(a, sft: Path, run_dir: Path, sampler: bool = False) -> dict:
     cmd = [
         sys.executable, "-m", "rlhf_toy.lm", "agent", "--env", ENV, "--base_model", str(sft), "--sft_epochs", "0",
         "--demos", "1", "--algorithm", "grpo", "--loss_aggregation", "token", "--kl_in", "loss",
@@ -131,7 +138,7 @@ def ours(a, sft: Path, run_dir: Path) -> dict:
         "--max_turns", str(a.max_turns), "--max_new_tokens", str(a.max_new_tokens), "--temperature", str(a.temperature),
         "--steps", str(a.steps), "--batch_size", str(a.batch_size), "--minibatch_size", "16",
         "--learning_rate", str(a.learning_rate), "--eval_episodes", str(a.eval_episodes), "--save_every", "0",
-        "--threads", "1", "--seed", str(a.seed), "--run_dir", str(run_dir),
+        "--threads", "1", "--seed", str(a.seed), "--run_dir", str(run_dir), "--async_rollouts", str(sampler),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{PEERS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -147,14 +154,14 @@ def ours(a, sft: Path, run_dir: Path) -> dict:
     }
 
 
-def theirs(a, sft: Path, run_dir: Path, context: int) -> dict:
+def theirs(a, sft: Path, run_dir: Path, context: int, threads: int = 1) -> dict:
     cmd = [
         a.trl_python, str(PEERS / "trl_env_bench.py"), "--model-dir", str(sft), "--out", str(run_dir),
         "--instructions", frozenlake_tools.INSTRUCTIONS, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
         "--max-turns", str(a.max_turns), "--max-new-tokens", str(a.max_new_tokens),
         "--max-completion-length", str(a.n_positions - context),
         "--beta", str(a.beta), "--learning-rate", str(a.learning_rate), "--temperature", str(a.temperature),
-        "--seed", str(a.seed),
+        "--seed", str(a.seed), "--threads", str(threads),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -190,25 +197,30 @@ def main():
     sft_success = evaluate(a, model, tok)
     prepared = f"prepared in {time.perf_counter() - t0:.0f} s; SFT held-out success {sft_success}"
     print(f"[bench_agents] {prepared}", file=sys.stderr)
+    sides = {"ours": lambda d: ours(a, sft, d), "trl": lambda d: theirs(a, sft, d, context)}
+    if a.async_rollouts:
+        sides["ours_async"] = lambda d: ours(a, sft, d, sampler=True)
+    if a.trl_two_threads:
+        sides["trl_2threads"] = lambda d: theirs(a, sft, d, context, threads=2)
     rounds = []
     for r in range(a.repeats):
-        sides = [("ours", ours), ("trl", theirs)][:: 1 if r % 2 == 0 else -1]
         row = {}
-        for name, fn in sides:
-            run_dir = out / f"{name}_{r}"
-            row[name] = fn(a, sft, run_dir) if name == "ours" else fn(a, sft, run_dir, context)
+        for name in list(sides)[:: 1 if r % 2 == 0 else -1]:  # alternated: neither side always runs first
+            row[name] = sides[name](out / f"{name}_{r}")
             print(f"[bench_agents] round {r} {name}: {row[name]['episodes_per_s']:.2f} episodes/s", file=sys.stderr)
         rounds.append(row)
-    med = {s: statistics.median(x[s]["episodes_per_s"] for x in rounds) for s in ("ours", "trl")}
+    med = {s: statistics.median(x[s]["episodes_per_s"] for x in rounds) for s in sides}
     report = {
         "job": {k: v for k, v in vars(a).items() if k != "trl_python"},
         "prompt_tokens": context,
         "sft_held_out_success": sft_success,
         "episodes_per_s": med,
         "ours_over_trl": med["ours"] / med["trl"],
-        "late_sampled_success": {s: [late(x[s]["success"]) for x in rounds] for s in ("ours", "trl")},
-        "held_out_success": {s: [x[s]["held_out"] for x in rounds] for s in ("ours", "trl")},
-        "late_turns": {s: [late(x[s]["turns"]) for x in rounds] for s in ("ours", "trl")},
+        # every side of ours against every side of TRL: one thread against one, two cores against two
+        "ratios": {f"{o}/{t}": med[o] / med[t] for o in med if o.startswith("ours") for t in med if t[:3] == "trl"},
+        "late_sampled_success": {s: [late(x[s]["success"]) for x in rounds] for s in sides},
+        "held_out_success": {s: [x[s]["held_out"] for x in rounds] for s in sides},
+        "late_turns": {s: [late(x[s]["turns"]) for x in rounds] for s in sides},
         "rounds": rounds,
     }
     (out / "report.json").write_text(json.dumps(report, indent=1))

@@ -6,6 +6,9 @@ import textwrap
 import pytest
 
 from rlhf_toy.errors import run_cli
+from rlhf_toy.lm.agents.command import AgentRunConfig, start_agent
+from rlhf_toy.lm.agents.registry import get_env
+from rlhf_toy.lm.models.causal_lm import ModelConfig
 from rlhf_toy.lm.models.devices import cpu_bf16_native
 from rlhf_toy.lm.pipeline.cli import main
 
@@ -83,3 +86,15 @@ def check_critic_warmup(trainer) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(head, trainer.policy.value_head.parameters()))
     trainer.step()
     assert not all(torch.equal(a, b) for a, b in zip(lm, trainer.policy.lm.parameters()))
+
+
+TINY_MODEL = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=128)
+
+
+def tiny_agent(env: str, demos: int = 20, epochs: int = 1, seed: int = 0, history: int | None = None):
+    """A tiny GPT-2 and its tokenizer after SFT on `demos` demonstrated episodes of `env` (as the agent command)."""
+    record = get_env(env)
+    run = AgentRunConfig(seed=seed, demos=demos, sft_epochs=epochs, vocab_size=300)
+    h = record.history if history is None else history
+    model, tok, _ = start_agent(record, run, h, record.max_turns, TINY_MODEL)
+    return model, tok

@@ -40,23 +40,12 @@ from rlhf_toy.lm.agents.rollout import (
 from rlhf_toy.lm.agents.trainer import AgentConfig, AgentTrainer
 from rlhf_toy.lm.algorithms.online import ALGORITHMS, Signals, token_gae
 from rlhf_toy.lm.algorithms.rlhf_config import RLHFConfig
-from rlhf_toy.lm.models.causal_lm import ModelConfig
 from rlhf_toy.lm.pipeline.cli import main
 from rlhf_toy.ppo import PPOConfig
-from tests.helpers import KILL_AT_STEP, NEEDS_BF16, THREADS, check_critic_warmup
+from tests.helpers import KILL_AT_STEP, NEEDS_BF16, THREADS, TINY_MODEL, check_critic_warmup, tiny_agent
 from tests.hf_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-
-TINY_MODEL = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=128)
-
-
-def tiny_agent(env: str, demos: int = 20, epochs: int = 1, seed: int = 0, history: int | None = None):
-    record = get_env(env)
-    run = AgentRunConfig(seed=seed, demos=demos, sft_epochs=epochs, vocab_size=300)
-    h = record.history if history is None else history
-    model, tok, _ = start_agent(record, run, h, record.max_turns, TINY_MODEL)
-    return model, tok
 
 
 # --- the environments -------------------------------------------------------------------------------------------
@@ -812,12 +801,14 @@ def test_the_invalid_actions_alarm_fires_on_a_drift_out_of_the_action_format():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("lora", [False, True])
-def test_a_kill_then_resume_equals_the_run_that_was_not_stopped(tmp_path, lora):
+@pytest.mark.parametrize("lora,sampler", [(False, False), (True, False), (False, True)])
+def test_a_kill_then_resume_equals_the_run_that_was_not_stopped(tmp_path, lora, sampler):
     """A kill while step 2's checkpoint is written leaves step 1's (policy and state together) and the history up
     to step 2; `--resume` replays steps 2 and 3 to the same numbers, held-out figures included (with LoRA: the
-    adapters over the saved SFT model, which stays the reference)."""
+    adapters over the saved SFT model, which stays the reference; with `--async_rollouts`: the batch sampled ahead
+    is saved with step 1 and consumed by the resumed step 2)."""
     extra = ["--base_model", str(tiny_model_dir("llama", tmp_path / "llama")), "--lora_r", "4"] if lora else []
+    extra += ["--async_rollouts", "True"] if sampler else []
     small = SMALL[: SMALL.index("--n_positions")] if lora else SMALL  # a pretrained model keeps its own context
     argv = [
         "agent",
@@ -846,7 +837,8 @@ def test_a_kill_then_resume_equals_the_run_that_was_not_stopped(tmp_path, lora):
         timeout=300,
     )
     assert p.returncode == -9, p.stderr[-2000:]
-    assert torch.load(killed / "checkpoint" / "trainer_state.pt", weights_only=True)["step"] == 1
+    state = torch.load(killed / "checkpoint" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 1 and (state["pending"] is not None) == sampler
     assert len((killed / "metrics.jsonl").read_text().splitlines()) == 2  # flushed before the checkpoint
     assert not (killed / "eval.json").exists()
     assert run_cli(main, [*argv, "--run_dir", str(killed), "--resume", "True"]) == 0
@@ -855,6 +847,7 @@ def test_a_kill_then_resume_equals_the_run_that_was_not_stopped(tmp_path, lora):
         for line in (out / "metrics.jsonl").read_text().splitlines()
     ]
     assert rows(killed) == rows(full) and [r["step"] for r in rows(full)] == [1, 2, 3]
+    assert [r.get("policy/staleness") for r in rows(full)] == ([0.0, 1.0, 1.0] if sampler else [None] * 3)
     evals = [json.loads((out / "eval.json").read_text())["eval"] for out in (full, killed)]
     assert evals[0] == evals[1]
 

@@ -1,6 +1,7 @@
-"""Issue 39: rollouts beside updates (`--async_rollouts`). With staleness 0 the forked sampler gives the synchronous
-run's numbers bit for bit; with staleness 1 each batch is sampled with the weights before the last update; a kill
-during a handover loses nothing on resume; what it cannot do is refused in one line."""
+"""Issue 39: rollouts beside updates (`--async_rollouts`), in the RLHF loop and the agent loop. With staleness 0 the
+forked sampler gives the synchronous run's numbers bit for bit; with staleness 1 each batch is sampled with the
+weights before the last update; a kill during a handover loses nothing on resume; what it cannot do is refused in
+one line."""
 
 import copy
 import json
@@ -19,13 +20,14 @@ import pytest
 import torch
 
 from rlhf_toy.errors import UserError
+from rlhf_toy.lm.agents.trainer import AgentConfig, AgentTrainer
 from rlhf_toy.lm.algorithms.online import get_algorithm
 from rlhf_toy.lm.algorithms.rlhf import RLHFConfig, RLHFTrainer
 from rlhf_toy.lm.models.base import load_base
 from rlhf_toy.lm.models.causal_lm import response_logprobs
 from rlhf_toy.lm.models.lora import LoraConfig, add_lora
 from rlhf_toy.ppo import PPOConfig
-from tests.helpers import NEEDS_BF16, PPO_TINY, THREADS, stage
+from tests.helpers import NEEDS_BF16, PPO_TINY, THREADS, stage, tiny_agent
 
 pytestmark = pytest.mark.integration  # forks a sampling process beside tiny models
 
@@ -182,15 +184,72 @@ def test_settings_async_rollouts_cannot_honour_are_refused():
         RLHFConfig(staleness=0)
 
 
-def test_async_rollouts_under_the_agent_command_are_refused(tmp_path):
-    p = subprocess.run(
-        [sys.executable, "-m", "rlhf_toy.lm", "agent", "--env", "frozenlake", "--run_dir", str(tmp_path / "a"),
-         "--async_rollouts", "True"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert p.returncode == 2 and "Traceback" not in p.stderr
-    last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "async_rollouts" in last, last
+# --- the agent loop: the same worker, batches of episodes ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def agent_start():
+    """A tiny model after SFT on SayYes's demonstrations (three turns, "yes" earns 1): each test trains a copy."""
+    return tiny_agent("tests.agent_envs:SayYes", demos=8)
+
+
+def agent(start, algorithm="ppo", policy=None, **rollout):
+    """A trainer of a copy of the SFT model (or of `policy`, a resumed run's, beside the SFT model as reference)."""
+    model, tok = start
+    rl = RLHFConfig(batch_size=8, steps=4, **rollout)
+    return AgentTrainer(copy.deepcopy(model if policy is None else policy), tok, "tests.agent_envs:SayYes",
+                        AgentConfig(algorithm=algorithm), rl, PPOConfig(minibatch_size=4),
+                        ref_model=None if policy is None else copy.deepcopy(model))  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_an_agent_with_staleness_zero_equals_the_synchronous_run_bit_for_bit(agent_start, algorithm):
+    """Episodes, rows, values, the reference's log-probs and advantages all come from the sampling process."""
+    sync = agent(agent_start, algorithm)
+    assert not sync.rl.async_rollouts  # an agent run samples in its own process unless asked (GRPO's record too)
+    sync_rows, sync_weights = run(sync, 3)
+    async_rows, async_weights = run(agent(agent_start, algorithm, async_rollouts=True, staleness=0), 3)
+    for row in async_rows:
+        assert row.pop("policy/staleness") == 0.0
+    assert async_rows == sync_rows
+    assert all(torch.equal(a, b) for a, b in zip(sync_weights, async_weights))
+
+
+def test_an_agent_with_staleness_one_plays_with_the_weights_before_the_last_update(agent_start):
+    sync_rows, _ = run(agent(agent_start), 3)
+    trainer = agent(agent_start, async_rollouts=True)
+    assert trainer.rl.async_rollouts and trainer.rl.staleness == 1
+    versions = []
+    real = trainer.update
+    trainer.update = lambda batch, beta: versions.append(trainer.worker.pending is None) or real(batch, beta)
+    rows, weights = run(trainer, 3)
+    assert trainer.worker is None and not mp.active_children()  # close() ended the sampling process
+    assert [r["policy/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert {k: v for k, v in rows[0].items() if k != "policy/staleness"} == sync_rows[0]  # version 0, the same RNG
+    assert rows[1] != sync_rows[1]
+    again, again_weights = run(agent(agent_start, async_rollouts=True), 3)  # the same seed, the same run
+    assert again == rows and all(torch.equal(a, b) for a, b in zip(weights, again_weights))
+
+
+def test_a_checkpoint_of_an_agent_saves_the_batch_in_flight_and_a_resume_consumes_it(agent_start, tmp_path):
+    """`state()` receives the batch sampled ahead and saves it as plain types; a trainer loaded from it (a fresh
+    process would be) steps on to the uninterrupted run's numbers."""
+    full_rows, full_weights = run(agent(agent_start, async_rollouts=True), 3)
+    first = agent(agent_start, async_rollouts=True)
+    try:
+        rows = [comparable(first.step())]
+        state = first.state()
+        lm = copy.deepcopy(first.policy.lm)
+    finally:
+        first.close()
+    assert state["pending"] is not None and state["pending"]["version"] == 0
+    torch.save(state, tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    resumed = agent(agent_start, policy=lm, async_rollouts=True)
+    resumed.load_state(state)
+    more, weights = run(resumed, 2)
+    assert rows + more == full_rows
+    assert all(torch.equal(a, b) for a, b in zip(full_weights, weights))
 
 
 # A kill during a handover: the process dies with the sampler's weights half written, after step 2's checkpoint.

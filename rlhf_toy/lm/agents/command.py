@@ -270,17 +270,20 @@ def run_agent(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora
         )
         rl_before, t_rl = sum(r["time/step_s"] for r in kept), time.perf_counter()
         save_every, steps = trainer.rl.save_every, trainer.rl.steps
-        for _ in range(trainer.step_count, steps):
-            metrics = trainer.step()
-            logger.log(int(metrics["step"]), metrics)
-            samples.log(int(metrics["step"]), {"samples": turn_samples(trainer.last_episodes[0])})
-            shown = ("step", "agent/success", "agent/return", "agent/turns", "agent/invalid")
-            print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}), flush=True)
-            if save_every and trainer.step_count % save_every == 0 and trainer.step_count < steps:
-                logger.flush()
-                samples.flush()
-                state = {**trainer.state(), "settings": resume_settings(run, flat)}
-                out.save_checkpoint(trainer.policy.lm, tok, state)
+        try:
+            for _ in range(trainer.step_count, steps):
+                metrics = trainer.step()
+                logger.log(int(metrics["step"]), metrics)
+                samples.log(int(metrics["step"]), {"samples": turn_samples(trainer.last_episodes[0])})
+                shown = ("step", "agent/success", "agent/return", "agent/turns", "agent/invalid")
+                print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}), flush=True)
+                if save_every and trainer.step_count % save_every == 0 and trainer.step_count < steps:
+                    logger.flush()
+                    samples.flush()
+                    state = {**trainer.state(), "settings": resume_settings(run, flat)}
+                    out.save_checkpoint(trainer.policy.lm, tok, state)
+        finally:
+            trainer.close()  # the sampling process of --async_rollouts, before the evaluation
         samples.close()
         logger.close()
         rl_s = rl_before + time.perf_counter() - t_rl

@@ -13,7 +13,7 @@ the agent's tokens only.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, RolloutBatch, ppo_update
 from rlhf_toy.runtime import PhaseClock
 
+from ..algorithms.async_rollouts import RolloutWorker, on_cpu
 from ..algorithms.kl import per_token_kl
 from ..algorithms.online import FIELD_DEFAULTS, OnlineAlgorithm, Signals, get_algorithm
 from ..algorithms.rlhf import (
@@ -49,12 +50,10 @@ from .rollout import Episode, RolloutSettings, Turn, run_episodes, summary
 from .rows import Segment, episode_layout, rows_of
 
 CREDITS = ("turn", "token")
-# RLHFConfig's settings an agent run does not read, with why (its command refuses them; the Python API too).
-# The RLHF loop's sampler beside its update (GRPO's record turns it on) is not the agent loop's: an agent's episodes
-# are sampled in its own process, so every agent run sets these, the command's defaults included.
+# The sampler beside the update (`--async_rollouts`) is off in an agent run unless its caller turns it on: GRPO's
+# record turns it on for the RLHF loop, where the frontier comparison decided it; for agents none has.
 AGENT_ROLLOUT = {"async_rollouts": False}
-IN_PROCESS = "an agent's episodes are sampled in its own process (the sampler beside the update is the RLHF loop's)"
-
+# RLHFConfig's settings an agent run does not read, with why (its command refuses them; the Python API too).
 AGENT_UNREAD = {
     "reward_reads": "an agent's reward is its environment's, not a reward model's",
     "eval_every": "an agent run evaluates on held-out starting states at its end (--eval_episodes)",
@@ -62,8 +61,6 @@ AGENT_UNREAD = {
     "kl_limit": "an agent run has no KL stop",
     "kl_limit_window": "an agent run has no KL stop",
     "stop_at_eos": "an agent's reply always ends at EOS (the environment reads it then)",
-    "async_rollouts": IN_PROCESS,
-    "staleness": IN_PROCESS,
 }
 
 
@@ -114,8 +111,9 @@ def agent_settings(record: EnvRecord, algorithm: OnlineAlgorithm, rl: RLHFConfig
     for name, why in AGENT_UNREAD.items():
         if rl is not None and name in given(rl) and getattr(rl, name) != FIELD_DEFAULTS[name]:
             raise UserError(f"an agent run does not read {name}: {why}; leave it out")
+    asked = {k: getattr(rl, k) for k in AGENT_ROLLOUT if k in given(rl)} if rl is not None else {}
     rl, ppo = algorithm.settle(rl, ppo, {"max_new_tokens": record.max_new_tokens, **record.settings})
-    return replace(rl, **AGENT_ROLLOUT), ppo
+    return replace(rl, **{**AGENT_ROLLOUT, **asked}), ppo
 
 
 @torch.no_grad()
@@ -168,6 +166,39 @@ def first_turns(segments: list[Segment]) -> list[int]:
     return [j for j, s in enumerate(segments) if j == 0 or s.row != segments[j - 1].row]
 
 
+@dataclass
+class AgentBatch:
+    """One step's episodes as the update trains on them: what `AgentTrainer.sample_ahead` returns, here or in the
+    sampling process of `--async_rollouts` (`version`: the updates before the weights that played them)."""
+
+    episodes: list[Episode]
+    sampling: dict[str, float]  # the grouped algorithms' figures (equal groups, rounds)
+    batch: RolloutBatch  # the rows, with the algorithm's advantages
+    episode_kl: Tensor  # [B] each episode's summed KL
+    rows: Samples  # the rows' tokens, masks and entropies
+    row_episodes: Tensor  # [N] each row's episode (the update's minibatches hold whole episodes)
+    beta: float  # the KL coefficient its rewards were shaped with
+    version: int
+    phases: dict[str, float]  # its phase times (sample, reference_forward)
+
+
+def shallow(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, its values as they are (`asdict` would copy every tensor)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def batch_state(b: AgentBatch) -> dict[str, Any]:
+    """An `AgentBatch` as tensors and plain types (a checkpoint is read with `weights_only=True`)."""
+    episodes = [{**shallow(e), "turns": [shallow(t) for t in e.turns]} for e in b.episodes]
+    return {**shallow(b), "episodes": episodes, "batch": tuple(b.batch), "rows": shallow(b.rows)}
+
+
+def batch_from_state(state: dict[str, Any]) -> AgentBatch:
+    episodes = [Episode(**{**e, "turns": [Turn(**t) for t in e["turns"]]}) for e in state["episodes"]]
+    batch = RolloutBatch(*state["batch"])
+    return AgentBatch(**{**state, "episodes": episodes, "batch": batch, "rows": Samples(**state["rows"])})
+
+
 class AgentTrainer:
     """A language model trained to act in a text environment by an online algorithm of the table (its record's
     preset, group size and rollout, with the environment record's settings and the caller's on top: `settle`).
@@ -207,6 +238,9 @@ class AgentTrainer:
         self.step_count, self.all_invalid = 0, 0
         self.clock = PhaseClock()
         self.last_episodes: list[Episode] = []
+        self.rl = on_cpu(self.rl, self.device)
+        self.worker: RolloutWorker | None = None  # --async_rollouts: the sampling process, started by the first step
+        self.resumed_pending: AgentBatch | None = None  # a checkpoint's batch sampled ahead, for the next step
 
     def play(self, n: int, seeds: list[int], greedy: bool = False) -> list[Episode]:
         """`n` episodes reset with `seeds` (its own environments; torch's global RNG samples)."""
@@ -325,13 +359,52 @@ class AgentTrainer:
             bootstrap[cut] = state_values(self.policy, contexts, self.tok.pad_token_id).cpu()  # type: ignore[arg-type]
         return Signals(rewards, scores, kl, vals * step_mask, step_mask, beta, bootstrap), places
 
-    def step(self) -> dict[str, float]:
-        t0 = time.perf_counter()
-        beta = self.kl_ctl.beta
+    def sample_ahead(self, beta: float, version: int) -> AgentBatch:
+        """The next step's episodes and their rows with advantages, played by the current weights: in this process,
+        or in the sampling process of `--async_rollouts` (`async_rollouts.Sampled`)."""
         # as `RLHFTrainer.step`: bf16 on a GPU that has it or with --bf16 on, the weights' copies kept while fixed
         with autocast(self.device, self.rl.bf16, weights_fixed=True):
             episodes, sampling = self.rollouts()
             batch, episode_kl, rows = self.experience(episodes, beta)
+        rows.hidden = None  # read by the value head above; a batch sent or saved goes without them
+        for t in (t for e in episodes for t in e.turns):
+            t.hidden = None
+        return AgentBatch(
+            episodes, sampling, batch, episode_kl, rows, self.row_episodes, beta, version, self.clock.take()
+        )
+
+    def sampling_states(self) -> tuple[Tensor, dict[str, Any]]:
+        """The states sampling draws from: torch's global generator (the tokens) and the reset seeds'."""
+        return torch.get_rng_state(), self.seeds.bit_generator.state
+
+    def set_sampling_states(self, states: tuple[Tensor, dict[str, Any]]) -> None:
+        torch.set_rng_state(states[0])
+        self.seeds.bit_generator.state = states[1]
+
+    def next_batch(self) -> AgentBatch:
+        """This step's batch: sampled now, or under `--async_rollouts` received from the sampling process (with
+        staleness 1 played by the weights before the last update; the next one is then on its way)."""
+        if not self.rl.async_rollouts:
+            return self.sample_ahead(self.kl_ctl.beta, self.step_count)
+        if self.worker is None:  # forked outside any autocast context, as the RLHF loop's
+            self.worker = RolloutWorker(self, self.rl.staleness, self.resumed_pending)
+            self.resumed_pending = None
+        return self.worker.next(self, self.kl_ctl.beta)
+
+    def close(self) -> None:
+        """Stop the sampling process of `--async_rollouts` (none otherwise). A batch in flight is dropped: stepping
+        on samples it afresh (a checkpoint, `state()`, receives it first and is exact)."""
+        if self.worker is not None:
+            self.resumed_pending = self.worker.pending
+            self.worker.close()
+            self.worker = None
+
+    def step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        b = self.next_batch()
+        t_rollout = time.perf_counter() - t0
+        episodes, rows, beta = b.episodes, b.rows, b.beta  # the batch's own beta (the step before's, sampled ahead)
+        self.last_episodes, self.row_episodes = episodes, b.row_episodes
         figures = summary(episodes)
         self.all_invalid = self.all_invalid + 1 if figures["invalid_rate"] == 1.0 else 0
         if self.all_invalid >= self.agent.invalid_patience:
@@ -341,7 +414,7 @@ class AgentTrainer:
                 "or check the environment's action parser"
             )
         with self.clock("update"), autocast(self.device, self.rl.bf16):
-            stats = self.update(batch, beta)
+            stats = self.update(b.batch, beta)
         self.step_count += 1
         mask = rows.response_mask.float()
         turns = [t for e in episodes for t in e.turns]
@@ -349,7 +422,7 @@ class AgentTrainer:
             "step": self.step_count,
             **{f"agent/{k}": v for k, v in figures.items()},
             "objective/score": figures["return"],
-            "objective/kl": episode_kl.mean().item(),
+            "objective/kl": b.episode_kl.mean().item(),
             "objective/beta": beta,
             "policy/entropy": masked_mean(rows.entropy, mask).item(),
             "policy/response_length": float(np.mean([len(t.reply) for t in turns])),
@@ -357,10 +430,13 @@ class AgentTrainer:
             "policy/eos_rate": float(np.mean([t.eos for t in turns])),
             "policy/distinct_2": distinct_2([t.text for t in turns]),
             **{f"ppo/{k}": v for k, v in stats.items()},
-            **{f"sampling/{k}": v for k, v in sampling.items()},
+            **{f"sampling/{k}": v for k, v in b.sampling.items()},
             "time/step_s": time.perf_counter() - t0,
-            **{f"time/{phase}_s": v for phase, v in self.clock.take().items()},
+            **{f"time/{phase}_s": v for phase, v in {**b.phases, **self.clock.take()}.items()},
         }
+        if self.rl.async_rollouts:
+            metrics["time/rollout_s"] = t_rollout  # the wait for the sampler, not its phases
+            metrics["policy/staleness"] = float(self.step_count - 1 - b.version)  # updates since its sampling
         metrics["time/episodes_per_s"] = len(episodes) / metrics["time/step_s"]
         self.kl_ctl.update(metrics["objective/kl"], self.rl.batch_size)
         return metrics
@@ -393,8 +469,12 @@ class AgentTrainer:
     def state(self) -> dict[str, Any]:
         """What `--resume` needs beside the policy's weights, as tensors and plain types (read back with
         `weights_only=True`). Every episode resets its environment with a seed drawn here, so the environments
-        carry nothing across steps; a user's environment that keeps state across resets is not saved."""
+        carry nothing across steps; a user's environment that keeps state across resets is not saved. Under
+        `--async_rollouts` the batch in flight is received first (it advances the sampling RNG states) and saved, so
+        a resumed run consumes the batch the uninterrupted one did."""
+        pending = self.worker.settle(self) if self.worker is not None else self.resumed_pending
         return {
+            "pending": None if pending is None else batch_state(pending),
             "step": self.step_count,
             "all_invalid": self.all_invalid,
             "value_head": self.policy.value_head.state_dict(),
@@ -417,6 +497,8 @@ class AgentTrainer:
         torch.set_rng_state(state["rng"]["torch"])
         self.update_generator.set_state(state["rng"]["update"])
         self.seeds.bit_generator.state = state["rng"]["reset_seeds"]
+        pending = state.get("pending")  # the RNG states just loaded are those after it was sampled
+        self.resumed_pending = None if pending is None else batch_from_state(pending)
 
     def evaluate(self, n: int, seed: int = 0, greedy: bool = True) -> tuple[dict[str, Any], list[Episode]]:
         """`n` held-out episodes (odd reset seeds: never a training episode's), greedy unless said."""

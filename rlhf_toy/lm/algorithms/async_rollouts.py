@@ -1,6 +1,7 @@
 """Rollouts beside updates (`--async_rollouts`): a forked process samples and scores the next batch with the
 weights of the step before while this process runs the update, so both cores work (PipelineRL, AReaL and TRL's
-async GRPO do this on GPUs with vLLM; here it is the CPU's second core).
+async GRPO do this on GPUs with vLLM; here it is the CPU's second core). One worker serves both loops: the RLHF
+trainer's batches of replies and the agent trainer's batches of episodes (`Sampled` is what it needs of either).
 
 The protocol is a strict pipeline, so a run is as reproducible as a synchronous one. Step k (policy version k-1
 before its update, k after):
@@ -10,10 +11,10 @@ before its update, k after):
 
 The sampler's weights live in shared memory and are written only while it is idle (between a reply and the next
 request), so a handover is one copy of the trained parameters and never races the sampler. Each request carries the
-sampling RNG states (torch's global generator, the prompt generator) and each reply returns them advanced, so the
-states live in this process as in a synchronous run: with staleness 0 every number equals the synchronous run's bit
-for bit (tested), and a checkpoint is exact: it first receives the batch in flight and saves it (`pending`), so a
-resumed run consumes the same batch the uninterrupted one did.
+sampling RNG states (torch's global generator and the trainer's own: the prompt generator, the agent's reset seeds)
+and each reply returns them advanced, so the states live in this process as in a synchronous run: with staleness 0
+every number equals the synchronous run's bit for bit (tested), and a checkpoint is exact: it first receives the
+batch in flight and saves it (`pending`), so a resumed run consumes the same batch the uninterrupted one did.
 
 The sampler runs on one torch thread: a forked process cannot start a second OpenMP pool once the parent has used
 one (GNU OpenMP hangs), and sampling is the lighter phase. The update keeps the rest of the threads (at least one).
@@ -25,48 +26,46 @@ import copy
 import multiprocessing as mp
 import pickle
 import traceback
+from dataclasses import replace
 from typing import Any, NoReturn, Protocol
 
 import torch
 
-from rlhf_toy.errors import UserError
-from rlhf_toy.runtime import PhaseClock
-
-from .experience import Experience
+from rlhf_toy.errors import UserError, note_once
 
 
-class RLHFTrainer(Protocol):
-    """What the sampler reads and sets of an `rlhf.RLHFTrainer` (which imports this module, so named here)."""
+class Sampled(Protocol):
+    """What the worker reads and calls of a trainer (`rlhf.RLHFTrainer`, `agents.trainer.AgentTrainer`)."""
 
     policy: Any
-    cfg: Any
-    clock: PhaseClock
-    prompt_generator: torch.Generator
     step_count: int
-    round_gold: Any
 
-    def rollouts(self, beta: float) -> Experience: ...
+    def sample_ahead(self, beta: float, version: int) -> Any:
+        """The batch of the next step, sampled with the current weights (`version`: the updates before them), and
+        what came with it, picklable; drawn from the sampling RNG states."""
+        ...
 
+    def sampling_states(self) -> Any:
+        """The RNG states sampling draws from (torch's global generator and the trainer's own)."""
+        ...
 
-# A batch sampled ahead: the experience (with its beta and policy version), the sampler's phase times, and the gold
-# judge's values of its last sampling round (None: no checker). The RNG states after it travel beside it in a reply
-# and are set in this process on receipt, so a batch kept or saved does not carry them.
-Reply = tuple[Experience, dict[str, float], Any]
-
-
-def rng_states(trainer: RLHFTrainer) -> tuple[torch.Tensor, torch.Tensor]:
-    """The states sampling draws from: torch's global generator (the tokens) and the prompt generator."""
-    return torch.get_rng_state(), trainer.prompt_generator.get_state()
+    def set_sampling_states(self, states: Any) -> None: ...
 
 
-def set_rng_states(trainer: RLHFTrainer, states: tuple[torch.Tensor, torch.Tensor]) -> None:
-    torch.set_rng_state(states[0])
-    trainer.prompt_generator.set_state(states[1])
+def on_cpu(cfg: Any, device: torch.device) -> Any:
+    """`cfg` as it runs on `device`: the sampler is a second CPU process, so elsewhere a run samples synchronously
+    (said once, and `cfg` says what runs)."""
+    if not cfg.async_rollouts or device.type == "cpu":
+        return cfg
+    note_once(
+        f"--async_rollouts samples in a second CPU process; this run is on {device.type}, so it samples synchronously"
+    )
+    return replace(cfg, async_rollouts=False)
 
 
-def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> None:
+def serve(trainer: Sampled, sampler: torch.nn.Module, conn, parent_end) -> None:
     """The sampling process: `trainer` (forked) with `sampler` (shared memory) as its policy answers each request
-    `(step_count, policy version, beta, rng states)` with `("ok", Reply, rng states after it)`, or
+    `(step_count, policy version, beta, rng states)` with `("ok", the batch, rng states after it)`, or
     `("error", exception, traceback)`; None or EOF ends it."""
     parent_end.close()  # so that the parent's death reads as EOF here
     torch.set_num_threads(1)
@@ -79,14 +78,11 @@ def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> N
         if request is None:
             return
         trainer.step_count, version, beta, states = request  # step_count: errors name the step that consumes it
-        set_rng_states(trainer, states)
+        trainer.set_sampling_states(states)
         try:
-            exp = trainer.rollouts(beta)
-            exp.version = version
-            reply: Any = ("ok", (exp, trainer.clock.take(), trainer.round_gold), rng_states(trainer))
+            reply: Any = ("ok", trainer.sample_ahead(beta, version), trainer.sampling_states())
         except BaseException as exc:  # sent back whole: the parent raises it where a synchronous run would
             reply = ("error", exc, traceback.format_exc())
-        trainer.round_gold = None
         try:
             payload = pickle.dumps(reply)
         except Exception:  # an exception that does not pickle: its text
@@ -98,10 +94,10 @@ def serve(trainer: RLHFTrainer, sampler: torch.nn.Module, conn, parent_end) -> N
 
 
 class RolloutWorker:
-    """The sampling process of one `RLHFTrainer` and the pipeline's state (the batch in flight or received)."""
+    """The sampling process of one trainer and the pipeline's state (the batch in flight or received)."""
 
-    def __init__(self, trainer: RLHFTrainer, pending: Reply | None = None) -> None:
-        self.staleness = trainer.cfg.staleness
+    def __init__(self, trainer: Sampled, staleness: int, pending: Any = None) -> None:
+        self.staleness = staleness
         # The sampler's own copy, in shared memory: the handover writes the trained parameters into it.
         self.sampler = copy.deepcopy(trainer.policy).share_memory()
         sampled = dict(self.sampler.named_parameters())
@@ -118,23 +114,23 @@ class RolloutWorker:
         self.in_flight = False
         self.pending = pending
 
-    def hand_over(self, trainer: RLHFTrainer) -> None:
+    def hand_over(self, trainer: Sampled) -> None:
         """The current weights into the idle sampler's shared memory."""
         with torch.no_grad():
             for p, q in self.trained:
                 q.copy_(p)
 
-    def request(self, trainer: RLHFTrainer, beta: float) -> None:
+    def request(self, trainer: Sampled, beta: float) -> None:
         """Hand over the current policy and ask for the batch of step `step_count + 1 + staleness`."""
         self.hand_over(trainer)
-        request = (trainer.step_count + self.staleness, trainer.step_count, beta, rng_states(trainer))
+        request = (trainer.step_count + self.staleness, trainer.step_count, beta, trainer.sampling_states())
         try:
             self.conn.send_bytes(pickle.dumps(request))
         except OSError:  # a broken pipe: the sampler is gone
             self.died()
         self.in_flight = True
 
-    def receive(self, trainer: RLHFTrainer) -> None:
+    def receive(self, trainer: Sampled) -> None:
         """Wait for the batch in flight; keep it as `pending` and take its RNG states."""
         try:
             reply = pickle.loads(self.conn.recv_bytes())
@@ -147,7 +143,7 @@ class RolloutWorker:
                 raise exc
             raise RuntimeError(f"the sampling process failed:\n{where}") from exc
         self.pending = reply[1]
-        set_rng_states(trainer, reply[2])
+        trainer.set_sampling_states(reply[2])
 
     def died(self) -> NoReturn:
         self.in_flight = False
@@ -157,20 +153,18 @@ class RolloutWorker:
             "resume with --resume, or run without --async_rollouts"
         ) from None
 
-    def next(self, trainer: RLHFTrainer, beta: float) -> tuple[Experience, dict[str, float]]:
-        """This step's experience and the sampler's phase times; with staleness 1 the next batch is on its way."""
+    def next(self, trainer: Sampled, beta: float) -> Any:
+        """This step's batch (as `sample_ahead` returned it); with staleness 1 the next one is on its way."""
         if self.pending is None:
             if not self.in_flight:
                 self.request(trainer, beta)
             self.receive(trainer)
-        assert self.pending is not None
-        exp, phases, trainer.round_gold = self.pending
-        self.pending = None
+        batch, self.pending = self.pending, None
         if self.staleness:  # even after the last step: a run resumed for more steps goes on exactly as a longer one
             self.request(trainer, beta)  # sampled with this update's starting weights while it runs
-        return exp, phases
+        return batch
 
-    def settle(self, trainer: RLHFTrainer) -> Reply | None:
+    def settle(self, trainer: Sampled) -> Any:
         """The batch in flight, received (a checkpoint saves it so a resumed run consumes the same batch)."""
         if self.in_flight:
             self.receive(trainer)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlhf_toy.advantages import equal_groups
 from rlhf_toy.distributed import check_in_sync, data_parallel, gather, mean_across_ranks, rank_and_world
-from rlhf_toy.errors import UserError, note_once
+from rlhf_toy.errors import UserError
 from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, PPOConfig, RolloutBatch, make_optimizer, ppo_update
 from rlhf_toy.runtime import PhaseClock
@@ -37,12 +37,15 @@ from ..models.policy import PolicyWithValueHead
 from ..models.reward_ensemble import ScoredReward
 from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
-from .async_rollouts import Reply, RolloutWorker
+from .async_rollouts import RolloutWorker, on_cpu
 from .experience import Experience, experience_from_state, experience_state
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
 from .rlhf_config import RLHFConfig
 
+# A batch sampled ahead (`--async_rollouts`): the experience (with its beta and policy version), the sampler's phase
+# times, and the gold judge's values of its last sampling round (None: no checker).
+Reply = tuple[Experience, dict[str, float], Any]
 SAMPLES_KEPT = 5  # replies of each step kept with their figures (`last_samples`: the report's table)
 
 
@@ -291,12 +294,7 @@ class RLHFTrainer:
         self.stopped_by_kl_limit = False
         self.last_samples: list[dict[str, Any]] = []
         self.clock = PhaseClock()  # each step's time per phase: time/sample_s, ..., time/update_s
-        if cfg.async_rollouts and self.device.type != "cpu":  # said, and `self.cfg` says what runs
-            note_once(
-                f"--async_rollouts samples in a second CPU process; this run is on {self.device.type}, so it samples "
-                "synchronously"
-            )
-            self.cfg = cfg = replace(cfg, async_rollouts=False)
+        self.cfg = cfg = on_cpu(cfg, self.device)
         self.worker: RolloutWorker | None = None  # --async_rollouts: the sampling process, started by the first step
         self.resumed_pending: Reply | None = None  # a checkpoint's batch sampled ahead, consumed by the next step
 
@@ -391,8 +389,24 @@ class RLHFTrainer:
         # The sampler forks outside any autocast context (a forked child would never leave one, and would keep its
         # first weights' bf16 copies for good); `rollouts` autocasts there as here.
         if self.worker is None:
-            self.worker = RolloutWorker(self, self.resumed_pending)
-        return self.worker.next(self, self.kl_ctl.beta)
+            self.worker = RolloutWorker(self, self.cfg.staleness, self.resumed_pending)
+        exp, phases, self.round_gold = self.worker.next(self, self.kl_ctl.beta)
+        return exp, phases
+
+    # What the sampling process of --async_rollouts calls (`async_rollouts.Sampled`).
+    def sample_ahead(self, beta: float, version: int) -> Reply:
+        exp = self.rollouts(beta)
+        exp.version = version
+        reply, self.round_gold = (exp, self.clock.take(), self.round_gold), None
+        return reply
+
+    def sampling_states(self) -> tuple[Tensor, Tensor]:
+        """The states sampling draws from: torch's global generator (the tokens) and the prompt generator."""
+        return torch.get_rng_state(), self.prompt_generator.get_state()
+
+    def set_sampling_states(self, states: tuple[Tensor, Tensor]) -> None:
+        torch.set_rng_state(states[0])
+        self.prompt_generator.set_state(states[1])
 
     def close(self) -> None:
         """Stop the sampling process of `--async_rollouts` (none otherwise). A batch in flight is dropped: stepping
