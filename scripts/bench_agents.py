@@ -197,9 +197,10 @@ def main():
     sft_success = evaluate(a, model, tok)
     prepared = f"prepared in {time.perf_counter() - t0:.0f} s; SFT held-out success {sft_success}"
     print(f"[bench_agents] {prepared}", file=sys.stderr)
-    sides = {"ours": lambda d: ours(a, sft, d), "trl": lambda d: theirs(a, sft, d, context)}
+    sides = {"ours": lambda d: ours(a, sft, d)}
     if a.async_rollouts:
         sides["ours_async"] = lambda d: ours(a, sft, d, sampler=True)
+    sides["trl"] = lambda d: theirs(a, sft, d, context)
     if a.trl_two_threads:
         sides["trl_2threads"] = lambda d: theirs(a, sft, d, context, threads=2)
     rounds = []
