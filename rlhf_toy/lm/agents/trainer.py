@@ -7,7 +7,8 @@ end of each turn, less beta times the KL of the turn's tokens; (4) the algorithm
 the episode as one sequence (`credit` "turn": one step per turn, the value read where the turn begins; "token":
 one step per agent token, the environment's tokens skipped), a truncated episode bootstrapped from the value of
 what the agent would have read next; (5) the advantages go back to the rows, and the core's `ppo_update` trains on
-the agent's tokens only.
+the agent's tokens only. Under `--async_rollouts` steps (1)-(4) run in a forked sampling process, one update behind,
+while this one runs (5) (`sample_ahead`; the worker is the RLHF loop's, `algorithms/async_rollouts.py`).
 """
 
 from __future__ import annotations
