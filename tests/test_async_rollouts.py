@@ -114,7 +114,7 @@ def test_staleness_one_samples_with_the_weights_before_the_last_update(llama):
     real_update = trainer._update
     trainer._update = lambda exp, beta: batches.append(exp) or real_update(exp, beta)
     rows, weights = run(trainer, 3)
-    assert trainer.worker is None and not mp.active_children()  # close() ended the sampling process
+    assert trainer.ahead.worker is None and not mp.active_children()  # close() ended the sampling process
     assert [r["policy/staleness"] for r in rows] == [0.0, 1.0, 1.0]
     assert [b.version for b in batches] == [0, 0, 1]
     # Batch 1 is the synchronous run's (version 0, the same RNG); batch 2 was drawn by version 0 as well: its
@@ -169,8 +169,8 @@ def test_an_error_in_the_sampler_is_the_synchronous_error(llama):
 def test_a_killed_sampler_is_one_error_line(llama):
     trainer = make(llama, async_rollouts=True)
     trainer.step()  # batch 2 is now in flight
-    os.kill(trainer.worker.process.pid, signal.SIGKILL)
-    trainer.worker.process.join(10)
+    os.kill(trainer.ahead.worker.process.pid, signal.SIGKILL)
+    trainer.ahead.worker.process.join(10)
     # Its reply may have been on its way already: then the next request (a broken pipe) is what fails.
     with pytest.raises(UserError, match=r"sampling process of --async_rollouts died \(exit code -9; .*--resume"):
         trainer.step()
@@ -219,11 +219,8 @@ def test_an_agent_with_staleness_one_plays_with_the_weights_before_the_last_upda
     sync_rows, _ = run(agent(agent_start), 3)
     trainer = agent(agent_start, async_rollouts=True)
     assert trainer.rl.async_rollouts and trainer.rl.staleness == 1
-    versions = []
-    real = trainer.update
-    trainer.update = lambda batch, beta: versions.append(trainer.worker.pending is None) or real(batch, beta)
     rows, weights = run(trainer, 3)
-    assert trainer.worker is None and not mp.active_children()  # close() ended the sampling process
+    assert trainer.ahead.worker is None and not mp.active_children()  # close() ended the sampling process
     assert [r["policy/staleness"] for r in rows] == [0.0, 1.0, 1.0]
     assert {k: v for k, v in rows[0].items() if k != "policy/staleness"} == sync_rows[0]  # version 0, the same RNG
     assert rows[1] != sync_rows[1]

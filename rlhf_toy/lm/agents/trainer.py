@@ -14,7 +14,7 @@ while this one runs (5) (`sample_ahead`; the worker is the RLHF loop's, `algorit
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,8 @@ from rlhf_toy.masks import masked_mean, masked_whiten
 from rlhf_toy.ppo import NonFiniteUpdate, RolloutBatch, ppo_update
 from rlhf_toy.runtime import PhaseClock
 
-from ..algorithms.async_rollouts import RolloutWorker, on_cpu
+from ..algorithms.async_rollouts import AsyncSampling, on_cpu
+from ..algorithms.experience import shallow
 from ..algorithms.kl import per_token_kl
 from ..algorithms.online import FIELD_DEFAULTS, OnlineAlgorithm, Signals, get_algorithm
 from ..algorithms.rlhf import (
@@ -183,11 +184,6 @@ class AgentBatch:
     phases: dict[str, float]  # its phase times (sample, reference_forward)
 
 
-def shallow(obj: Any) -> dict[str, Any]:
-    """A dataclass's fields as a dict, its values as they are (`asdict` would copy every tensor)."""
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
-
-
 def batch_state(b: AgentBatch) -> dict[str, Any]:
     """An `AgentBatch` as tensors and plain types (a checkpoint is read with `weights_only=True`)."""
     episodes = [{**shallow(e), "turns": [shallow(t) for t in e.turns]} for e in b.episodes]
@@ -240,8 +236,7 @@ class AgentTrainer:
         self.clock = PhaseClock()
         self.last_episodes: list[Episode] = []
         self.rl = on_cpu(self.rl, self.device)
-        self.worker: RolloutWorker | None = None  # --async_rollouts: the sampling process, started by the first step
-        self.resumed_pending: AgentBatch | None = None  # a checkpoint's batch sampled ahead, for the next step
+        self.ahead = AsyncSampling()  # --async_rollouts: the sampling process and a checkpoint's batch sampled ahead
 
     def play(self, n: int, seeds: list[int], greedy: bool = False) -> list[Episode]:
         """`n` episodes reset with `seeds` (its own environments; torch's global RNG samples)."""
@@ -387,18 +382,12 @@ class AgentTrainer:
         staleness 1 played by the weights before the last update; the next one is then on its way)."""
         if not self.rl.async_rollouts:
             return self.sample_ahead(self.kl_ctl.beta, self.step_count)
-        if self.worker is None:  # forked outside any autocast context, as the RLHF loop's
-            self.worker = RolloutWorker(self, self.rl.staleness, self.resumed_pending)
-            self.resumed_pending = None
-        return self.worker.next(self, self.kl_ctl.beta)
+        return self.ahead.next(self, self.rl.staleness, self.kl_ctl.beta)
 
     def close(self) -> None:
         """Stop the sampling process of `--async_rollouts` (none otherwise). A batch in flight is dropped: stepping
         on samples it afresh (a checkpoint, `state()`, receives it first and is exact)."""
-        if self.worker is not None:
-            self.resumed_pending = self.worker.pending
-            self.worker.close()
-            self.worker = None
+        self.ahead.close()
 
     def step(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -473,7 +462,7 @@ class AgentTrainer:
         carry nothing across steps; a user's environment that keeps state across resets is not saved. Under
         `--async_rollouts` the batch in flight is received first (it advances the sampling RNG states) and saved, so
         a resumed run consumes the batch the uninterrupted one did."""
-        pending = self.worker.settle(self) if self.worker is not None else self.resumed_pending
+        pending = self.ahead.pending(self)
         return {
             "pending": None if pending is None else batch_state(pending),
             "step": self.step_count,
@@ -499,7 +488,7 @@ class AgentTrainer:
         self.update_generator.set_state(state["rng"]["update"])
         self.seeds.bit_generator.state = state["rng"]["reset_seeds"]
         pending = state.get("pending")  # the RNG states just loaded are those after it was sampled
-        self.resumed_pending = None if pending is None else batch_from_state(pending)
+        self.ahead.resumed = None if pending is None else batch_from_state(pending)
 
     def evaluate(self, n: int, seed: int = 0, greedy: bool = True) -> tuple[dict[str, Any], list[Episode]]:
         """`n` held-out episodes (odd reset seeds: never a training episode's), greedy unless said."""

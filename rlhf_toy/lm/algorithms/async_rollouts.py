@@ -176,3 +176,33 @@ class RolloutWorker:
         self.process.join(10)
         self.conn.close()
         torch.set_num_threads(self.threads)
+
+
+class AsyncSampling:
+    """A trainer's `--async_rollouts` state: its sampling process (forked by the first batch asked of it, stopped by
+    `close`) and the batch sampled ahead that a checkpoint or a stopped process left, which the next process starts
+    with (a resumed run consumes the batch the uninterrupted one did)."""
+
+    def __init__(self) -> None:
+        self.worker: RolloutWorker | None = None
+        self.resumed: Any = None
+
+    def next(self, trainer: Sampled, staleness: int, beta: float) -> Any:
+        """This step's batch, from the sampling process (started here on the first call)."""
+        # The sampler forks outside any autocast context (a forked child would never leave one, and would keep its
+        # first weights' bf16 copies for good); the trainer's `sample_ahead` autocasts there as in a synchronous step.
+        if self.worker is None:
+            self.worker, self.resumed = RolloutWorker(trainer, staleness, self.resumed), None
+        return self.worker.next(trainer, beta)
+
+    def pending(self, trainer: Sampled) -> Any:
+        """The batch sampled ahead (received first if in flight: it advances the sampling RNG states), or None."""
+        return self.worker.settle(trainer) if self.worker is not None else self.resumed
+
+    def close(self) -> None:
+        """Stop the sampling process, if any. A batch in flight is dropped: stepping on samples it afresh (a
+        checkpoint, `pending`, receives it first and is exact)."""
+        if self.worker is not None:
+            self.resumed = self.worker.pending
+            self.worker.close()
+            self.worker = None

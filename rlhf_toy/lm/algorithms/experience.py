@@ -29,11 +29,14 @@ class Experience:
     version: int = 0  # the policy it was sampled with: the number of updates before it (`--async_rollouts`)
 
 
+def shallow(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, its values as they are (`asdict` would copy every tensor)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
 def experience_state(exp: Experience) -> dict[str, Any]:
     """An `Experience` as tensors and plain types (a checkpoint is read with `weights_only=True`)."""
-    state = {f.name: getattr(exp, f.name) for f in fields(exp)}
-    state["batch"] = tuple(exp.batch)
-    return state
+    return {**shallow(exp), "batch": tuple(exp.batch)}
 
 
 def experience_from_state(state: dict[str, Any]) -> Experience:

@@ -37,7 +37,7 @@ from ..models.policy import PolicyWithValueHead
 from ..models.reward_ensemble import ScoredReward
 from ..models.reward_model import RewardModel
 from ..models.sampling import Samples, concat_samples, sample, select_samples
-from .async_rollouts import RolloutWorker, on_cpu
+from .async_rollouts import AsyncSampling, on_cpu
 from .experience import Experience, experience_from_state, experience_state
 from .kl import AdaptiveKLController, FixedKLController, MovingAverage, overlong_penalty, per_token_kl, shaped_rewards
 from .online import LM_PPO, OnlineAlgorithm, Signals, get_algorithm
@@ -295,8 +295,7 @@ class RLHFTrainer:
         self.last_samples: list[dict[str, Any]] = []
         self.clock = PhaseClock()  # each step's time per phase: time/sample_s, ..., time/update_s
         self.cfg = cfg = on_cpu(cfg, self.device)
-        self.worker: RolloutWorker | None = None  # --async_rollouts: the sampling process, started by the first step
-        self.resumed_pending: Reply | None = None  # a checkpoint's batch sampled ahead, consumed by the next step
+        self.ahead = AsyncSampling()  # --async_rollouts: the sampling process and a checkpoint's batch sampled ahead
 
     def next_prompts(self) -> list[str]:
         """batch_size / group_size distinct prompts, each repeated group_size times in a row."""
@@ -386,11 +385,7 @@ class RLHFTrainer:
         sampled by the worker, staleness 1 with the weights before the last update)."""
         if not self.cfg.async_rollouts:
             return self.rollouts(self.kl_ctl.beta), {}
-        # The sampler forks outside any autocast context (a forked child would never leave one, and would keep its
-        # first weights' bf16 copies for good); `rollouts` autocasts there as here.
-        if self.worker is None:
-            self.worker = RolloutWorker(self, self.cfg.staleness, self.resumed_pending)
-        exp, phases, self.round_gold = self.worker.next(self, self.kl_ctl.beta)
+        exp, phases, self.round_gold = self.ahead.next(self, self.cfg.staleness, self.kl_ctl.beta)
         return exp, phases
 
     # What the sampling process of --async_rollouts calls (`async_rollouts.Sampled`).
@@ -411,10 +406,7 @@ class RLHFTrainer:
     def close(self) -> None:
         """Stop the sampling process of `--async_rollouts` (none otherwise). A batch in flight is dropped: stepping
         on samples it afresh (a checkpoint, `state()`, receives it first and is exact)."""
-        if self.worker is not None:
-            self.resumed_pending = self.worker.pending
-            self.worker.close()
-            self.worker = None
+        self.ahead.close()
 
     def step(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -532,7 +524,7 @@ class RLHFTrainer:
     def pending_state(self) -> dict[str, Any] | None:
         """The batch sampled ahead under `--async_rollouts` (received first if in flight), as plain types: a resumed
         run consumes the same batch."""
-        pending = self.worker.settle(self) if self.worker is not None else self.resumed_pending
+        pending = self.ahead.pending(self)
         if pending is None:
             return None
         exp, phases, gold = pending
@@ -559,4 +551,4 @@ class RLHFTrainer:
         pending = state.get("pending", [None] * world)[rank]
         if pending is not None:  # the RNG states just loaded are those after it was sampled
             exp = experience_from_state(pending["experience"])
-            self.resumed_pending = (exp, pending["phases"], pending["gold"])
+            self.ahead.resumed = (exp, pending["phases"], pending["gold"])
