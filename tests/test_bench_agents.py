@@ -48,6 +48,21 @@ def test_a_failed_call_is_an_error_result_and_a_malformed_one_ends_the_episode()
     assert terminated and reward == 0.0 and not info["success"]  # TRL's parser reads it as plain text: an answer
 
 
+def test_success_is_reported_on_every_step_so_a_turn_limit_after_the_goal_still_counts():
+    """The episode may be cut by the turn limit before the answer: the move that reached G already says success, as
+    TRL's side scores `self.success` (the benchmark once counted such episodes as failures on rlhf-toy's side)."""
+    env = make()
+    env.reset(seed=0)
+    info = {}
+    for direction in ("right", "right", "down", "down", "down"):
+        _, _, _, _, info = env.step(tool_call_text(direction))
+        assert not info["success"]
+    _, reward, terminated, _, info = env.step(tool_call_text("right"))
+    assert reward == 1.0 and not terminated and info["success"]  # the game waits for the answer
+    _, reward, _, _, info = env.step(tool_call_text("up"))  # a move after the end: a failed call, still a success
+    assert abs(reward + 0.1) < 1e-9 and info["invalid"] and info["success"]
+
+
 def test_the_demonstrator_is_a_noisy_walker_that_sometimes_succeeds():
     env, rng = make(), np.random.default_rng(0)
     wins = 0

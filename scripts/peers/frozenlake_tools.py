@@ -149,7 +149,12 @@ class FrozenLakeToolText(gymnasium.Env):
             except Exception as exc:  # what TRL hands back for a failed call
                 failed = True
                 results.append(str({"error": str(exc)}))
-        return tool_response(results), self.game.reward - before, False, False, {"invalid": failed}
+        # success on every step, not only the answer's: an episode cut by the turn limit after reaching G counts, as
+        # TRL's side counts it (`self.success` when the rollout is scored)
+        return tool_response(results), self.game.reward - before, False, False, {
+            "invalid": failed,
+            "success": self.game.success,
+        }
 
     def scripted_action(self) -> str:
         return "Done." if self.game.done else tool_call_text(DIRECTIONS[self.best[self.game.state]])
