@@ -204,3 +204,53 @@ def test_a_trimmed_minibatch_drops_only_the_columns_after_its_last_real_token():
     assert trimmed(full) is full
     steps = RolloutBatch(x, torch.zeros(2), x[:, 0], x[:, 0], x[:, 0], x[:, 0], torch.ones(2))  # no time axis
     assert trimmed(steps) is steps
+
+
+def test_length_groups_cut_rows_where_padding_costs_more_than_another_pass():
+    from rlhf_toy.ppo import length_groups
+
+    # two short rows and two long ones: run apart, 2 x 12 + 2 x 400 + 2 x 50 = 924 positions; together 1650
+    assert length_groups([10, 400, 12, 390], overhead=50) == [[0, 2], [3, 1]]
+    assert length_groups([10, 400, 12, 390], overhead=10_000) == [[0, 2, 3, 1]]  # one more pass costs too much
+    assert length_groups([5, 5, 5], overhead=0) in ([[0, 1, 2]], [[0], [1], [2]], [[0], [1, 2]], [[0, 1], [2]])
+    lengths = torch.randint(0, 300, (16,), generator=torch.Generator().manual_seed(0)).tolist()
+    groups = length_groups(lengths, overhead=60)
+    assert sorted(r for g in groups for r in g) == list(range(16))  # every row once
+    run = sum(len(g) * max(max(lengths[r] for r in g), 1) + 60 for g in groups)
+    assert run <= 16 * max(lengths) + 60  # never worse than one pass
+
+
+def test_rows_run_by_length_give_the_same_log_probs_values_and_gradients():
+    """`evaluate_by_length` (what `ppo_update(trim=True)` runs: an agent's episodes) against one padded pass."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlhf_toy.lm.models.policy import PolicyWithValueHead
+    from rlhf_toy.ppo import evaluate_by_length, length_groups
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=32, n_layer=2, n_head=2)).eval()
+    policy = PolicyWithValueHead(lm, temperature=0.7)
+    prompts = torch.randint(1, 50, (6, 5))
+    prompts[1:4] = prompts[0]  # rows 0-3 share a prompt (its forward pass is shared), 4 and 5 do not
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[5, :2] = 0  # left-padded
+    actions = torch.randint(1, 50, (6, 30))
+    lengths = [3, 30, 7, 28, 1, 12]
+    mask = (torch.arange(30)[None] < torch.tensor(lengths)[:, None]).float()
+    mask[1, 10:20] = 0  # an environment's tokens inside an agent's row
+    x = torch.randn(6, 30)
+    mb = RolloutBatch((prompts, prompt_mask), actions, x, x, x, x, mask, x)
+
+    def run(fn):
+        policy.zero_grad()
+        outputs = fn()
+        loss = sum(((o * torch.linspace(0.5, 1.5, 30)) * mask).sum() for o in outputs)
+        loss.backward()
+        return [o.detach() * mask for o in outputs], [p.grad.clone() for p in policy.parameters()]
+
+    assert len(length_groups(lengths, overhead=30 // 4)) == 3  # what evaluate_by_length cuts: three passes
+    grouped, grads = run(lambda: evaluate_by_length(policy, mb))
+    whole, whole_grads = run(lambda: policy.evaluate(mb.observations, mb.actions))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grouped, whole))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, whole_grads))
+    assert grouped[0].abs().sum() > 0 and grads[0].abs().sum() > 0
