@@ -151,10 +151,8 @@ class FrozenLakeToolText(gymnasium.Env):
                 results.append(str({"error": str(exc)}))
         # success on every step, not only the answer's: an episode cut by the turn limit after reaching G counts, as
         # TRL's side counts it (`self.success` when the rollout is scored)
-        return tool_response(results), self.game.reward - before, False, False, {
-            "invalid": failed,
-            "success": self.game.success,
-        }
+        info = {"invalid": failed, "success": self.game.success}
+        return tool_response(results), self.game.reward - before, False, False, info
 
     def scripted_action(self) -> str:
         return "Done." if self.game.done else tool_call_text(DIRECTIONS[self.best[self.game.state]])
