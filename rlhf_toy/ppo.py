@@ -225,6 +225,7 @@ def evaluate_by_length(policy: ActorCritic, mb: RolloutBatch) -> tuple[Tensor, T
         return policy.evaluate(mb.observations, mb.actions)
     width = mask.shape[1]
     lengths = (mask.bool() * torch.arange(1, width + 1, device=mask.device)).amax(1).tolist()
+    # a pass's fixed cost taken as a quarter of the widest row (the shared prompt runs again each pass); not tuned
     groups = length_groups(lengths, overhead=max(1, width // 4))
     if len(groups) == 1:
         return policy.evaluate(mb.observations, mb.actions)
