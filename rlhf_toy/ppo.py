@@ -234,10 +234,7 @@ def evaluate_by_length(policy: ActorCritic, mb: RolloutBatch) -> tuple[Tensor, T
         sub = trimmed(minibatch(mb, torch.tensor(rows, device=mask.device)))
         outputs = policy.evaluate(sub.observations, sub.actions)
         parts.append(tuple(torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in outputs))
-    back = torch.empty(len(lengths), dtype=torch.long, device=mask.device)
-    back[torch.tensor([r for rows in groups for r in rows], device=mask.device)] = torch.arange(
-        len(lengths), device=mask.device
-    )
+    back = torch.argsort(torch.tensor([r for rows in groups for r in rows], device=mask.device))  # to mb's order
     logprobs, entropy, values = (torch.cat([p[k] for p in parts])[back] for k in range(3))
     return logprobs, entropy, values
 
@@ -380,10 +377,11 @@ def ppo_update(
             else episode_minibatches(episodes, cfg.minibatch_size, generator)
         )
         for idx in order:
-            mb = trimmed(minibatch(batch, idx)) if trim else minibatch(batch, idx)
-            if trim:  # rows of very different lengths: run them in groups of similar length
+            if trim:  # rows of very different lengths: cut to the longest, run in groups of similar length
+                mb = trimmed(minibatch(batch, idx))
                 logprobs, entropy, values = evaluate_by_length(policy, mb)
             else:
+                mb = minibatch(batch, idx)
                 logprobs, entropy, values = policy.evaluate(mb.observations, mb.actions)
             loss, parts = minibatch_loss(
                 logprobs, entropy, values, mb, cfg, clip_range, policy_loss, kl_loss_coef, None, kl_estimator, length
