@@ -13,6 +13,7 @@ are per rank and equal, and any early stop is decided on values averaged across 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from typing import Any
 
@@ -59,6 +60,23 @@ def init_distributed(device: torch.device, timeout_s: float = COLLECTIVE_TIMEOUT
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     return device
+
+
+def leave_distributed(clean: bool) -> None:
+    """Leave torchrun's process group before the interpreter exits (nothing in one process).
+
+    A process that exits with the group alive tears gloo down during interpreter finalization, when its worker
+    threads may still hold work whose tensors need the interpreter: the rank aborted ("terminate called without an
+    active exception", SIGABRT) at the end of a resumed run in one suite walk of 2026-12-07, after every write.
+    `clean` (the command succeeded, so every rank ran the same collectives): wait for all ranks first, so none
+    tears down while a peer still talks to it. After an error the ranks may be out of step: leave at once (torchrun
+    stops the group when any rank fails)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if clean:
+        dist.barrier()
+    gc.collect()  # drop a finished run's DDP wrappers, which hold the group's communication state
+    dist.destroy_process_group()
 
 
 def barrier() -> None:

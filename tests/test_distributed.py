@@ -104,6 +104,28 @@ def test_ddp_gradient_of_2_x_b_equals_one_process_gradient_of_2b(tmp_path):
         torch.testing.assert_close(ddp_grads[k], p.grad, atol=1e-6, rtol=1e-5)
 
 
+def _cli_worker(rank: int, world: int, port: int, argv: list[str], out: str) -> None:
+    join(rank, world, port)
+    from rlhf_toy.lm.pipeline.cli import console_main
+
+    sys.argv = ["rlhf-toy", *argv]
+    try:
+        console_main()
+    except SystemExit as exc:
+        Path(f"{out}.{rank}").write_text(json.dumps([exc.code, dist.is_initialized()]))
+    os._exit(0)
+
+
+@pytest.mark.parametrize(("argv", "status"), [(["--help"], 0), (["ppo", "--no_such_flag", "1"], 2)])
+def test_the_command_leaves_the_process_group_before_it_exits(tmp_path, argv, status):
+    """A rank that exits with gloo's group alive can abort in interpreter finalization: the command destroys the
+    group itself, after a barrier when it succeeded, at once after an error."""
+    out = str(tmp_path / "left")
+    mp.spawn(_cli_worker, args=(2, free_port(), argv, out), nprocs=2)
+    for r in (0, 1):
+        assert json.loads(Path(f"{out}.{r}").read_text()) == [status, False]
+
+
 def _ppo_worker(rank: int, world: int, port: int, run_dir: str, out: str) -> None:
     join(rank, world, port)
     from rlhf_toy.lm.algorithms.rlhf import RLHFConfig, RLHFTrainer, lm_ppo_config

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from rlhf_toy.cli import Command, dispatch
+from rlhf_toy.distributed import leave_distributed
 from rlhf_toy.errors import UserError, run_cli
 from rlhf_toy.report.command import REPORT
 
@@ -178,4 +179,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    raise SystemExit(run_cli(main))
+    status = 1  # an exception run_cli does not turn into a status: leave at once, then the traceback
+    try:
+        status = run_cli(main)
+    finally:
+        leave_distributed(clean=status == 0)  # under torchrun; a no-op in one process
+    raise SystemExit(status)
