@@ -12,8 +12,9 @@ import difflib
 import importlib
 import json
 import sys
+import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, NoReturn
 
 import torch
@@ -132,6 +133,26 @@ def did_you_mean(flag: str, known: set[str]) -> str:
     return f"; did you mean {' or '.join('--' + n for n in close[:3])}?" if close else ""
 
 
+def optional_fields(configs: tuple[type, ...]) -> set[str]:
+    """The names of the fields that may be None (`float | None`, ...), across `configs`."""
+    out = set()
+    for cls in configs:
+        hints = typing.get_type_hints(cls)
+        out |= {f.name for f in fields(cls) if type(None) in typing.get_args(hints[f.name])}
+    return out
+
+
+def none_or(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`convert`, except that "None" (any case, or "null") is None: how a flag whose help says "(None: ...)" is
+    turned back off where a record or preset gave it a value (HfArgumentParser's float and int refuse the word)."""
+
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() in ("none", "null") else convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names it in "invalid float value: 'x'"
+    return parse
+
+
 def parse_configs(
     configs: tuple[type, ...],
     argv: Sequence[str],
@@ -151,7 +172,10 @@ def parse_configs(
 
     parser = HfArgumentParser(configs, prog=prog, description=help)
     parser.error = lambda message: one_line_error(prog, message)  # type: ignore[method-assign]
+    optional = optional_fields(configs)
     for action in parser._actions:  # `--no_X` turns X off; its help must not read "(default: True)" backwards
+        if action.dest in optional and callable(action.type):
+            action.type = none_or(action.type)
         if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
             action.help = f"Turn {action.dest} off (same as --{action.dest} False; its default is %(default)s)."
         if action.dest in unread:

@@ -148,6 +148,20 @@ def test_help_lists_only_the_flags_an_algorithm_reads(capsys, name):
     assert "--learning_rate" in out and "--batch_size" in out
 
 
+def test_none_turns_off_a_setting_the_record_gives_a_value():
+    # PPO's record clips the value at 0.2 and the gradient norm at 1.0; "(None: no clip)" must be reachable.
+    _, ppo = command_configs("ppo")
+    assert ppo.clip_range_vf == 0.2 and ppo.max_grad_norm == 1.0
+    _, ppo = command_configs("ppo", "--clip_range_vf", "None", "--max_grad_norm", "none", "--target_kl", "null")
+    assert ppo.clip_range_vf is None and ppo.max_grad_norm is None and ppo.target_kl is None
+    _, ppo = command_configs("ppo", "--clip_range_vf", "0.5")
+    assert ppo.clip_range_vf == 0.5
+    with pytest.raises(UserError, match="invalid float value: 'x'"):  # still a float otherwise
+        command_configs("ppo", "--clip_range_vf", "x")
+    with pytest.raises(UserError, match="invalid float value: 'None'"):  # a setting that may not be None
+        command_configs("ppo", "--learning_rate", "None")
+
+
 def test_cartpole_refuses_the_sequence_settings():
     cmd = CARTPOLE_COMMANDS["train"]
     with pytest.raises(UserError, match="--loss_aggregation is not read here: a CartPole sample is one env step"):
