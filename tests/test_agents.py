@@ -158,6 +158,25 @@ def test_policy_map_random_walk_sft_ignores_the_state_and_the_optimal_policys_do
     assert sum(max(r["probs"], key=r["probs"].get) == r["optimal"] for r in rows) >= 7  # of 11
 
 
+@pytest.mark.integration
+def test_a_smaller_sft_batch_takes_more_steps_and_its_imitation_reads_the_state():
+    # A fresh tiny model needs enough gradient steps to learn to read the state: 20 episodes of the optimal policy
+    # at 64 turns a step (about 12 steps an epoch) taught mostly the mix of its moves; at 8, each state's own move
+    # (measured: state dependence 0.10 against 0.67, the optimal move most likely in 7 of 11 states against 11).
+    record = replace(get_env("frozenlake-slippery"), demonstrator="scripted")
+    env = record.make()
+    env.reset(seed=0)
+    found = {}
+    for batch in (64, 8):
+        run = AgentRunConfig(demos=20, sft_epochs=3, sft_batch_size=batch)
+        model, tok, _ = start_agent(record, run, 0, record.max_turns, TINY_MODEL)
+        rows = policy_map(model, tok, env)
+        right = sum(max(r["probs"], key=r["probs"].get) == r["optimal"] for r in rows)
+        found[batch] = state_dependence(rows), right
+    assert found[8][0] > 0.4 and found[8][1] >= 9
+    assert found[64][0] < found[8][0] / 2 and found[64][1] < found[8][1]
+
+
 def test_state_dependence_by_hand():
     row = lambda *p: {"probs": dict(zip("ab", p[:2])), "other": p[2]}  # noqa: E731
     assert state_dependence([row(0.5, 0.3, 0.2)] * 4) == pytest.approx(0.0)
@@ -165,16 +184,56 @@ def test_state_dependence_by_hand():
     assert state_dependence([row(1, 0, 0), row(0, 1, 0), row(0, 0, 1)]) == pytest.approx(2 / 3)
 
 
+def script(name: str):
+    """scripts/`name`.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module  # a dataclass looks its module up there
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 def test_policy_map_script_refuses_what_is_not_a_frozenlake_run(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("agent_policy_map", ROOT / "scripts" / "agent_policy_map.py")
-    script = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(script)  # type: ignore[union-attr]
-    assert run_cli(script.main, [str(tmp_path)]) == 2
+    policy_map_script = script("agent_policy_map")
+    assert run_cli(policy_map_script.main, [str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "no agent.json" in err and err.count("\n") == 1
     (tmp_path / "agent.json").write_text(json.dumps({"settings": {"env": "calculator"}}))
-    assert run_cli(script.main, [str(tmp_path)]) == 2
+    assert run_cli(policy_map_script.main, [str(tmp_path)]) == 2
     assert "reads FrozenLake runs" in capsys.readouterr().err
+
+
+def test_the_tabular_reference_learns_the_lake_through_the_core_and_refuses_bad_input(capsys):
+    tabular = script("agent_tabular")
+    env = get_env("frozenlake-slippery").make()
+    optimal = np.eye(4)[env.policy]
+    assert tabular.greedy_success(env, optimal, 100) == pytest.approx(optimal_success(True), abs=0.01)
+    assert tabular.greedy_success(env, np.zeros((16, 4)), 100) == 0.0  # "left" everywhere never leaves the start
+    row = tabular.train("frozenlake", 0, 0.03, steps=20)  # the record's PPO (GAE, clipped loss) on a table
+    assert row["greedy_success"] == 1.0 and row["episodes"] == 20 * 64
+    assert tabular.train("frozenlake", 0, 0.03, steps=20) == row  # the same seed, the same numbers
+    for argv, message in [
+        (["--env", "cartpole-text"], "a table needs a FrozenLake record"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--clip_range_vf", "x"], "invalid float value: 'x'"),
+    ]:
+        assert run_cli(tabular.main, argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_the_frozenlake_walker_reads_the_state_and_is_not_the_slippery_lakes_answer():
+    env = FrozenLakeText(slippery=True)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for state, way in [(0, "down"), (1, "right"), (14, "right")]:  # the shortest way if the lake did not slip
+        env.state = state
+        moves = [env.walker_action(rng) for _ in range(4000)]
+        assert moves.count(way) / 4000 == pytest.approx(0.625, abs=0.03)  # half the time, and a quarter of the rest
+        assert all(moves.count(m) / 4000 == pytest.approx(0.125, abs=0.03) for m in env.actions if m != way)
+    assert sum(a != b for a, b in zip(env.shortest, env.policy)) >= 8  # not the optimal moves: they push into walls
+    demos = demonstrate(env, list(range(0, 800, 2)), "walker", 100, "frozenlake-slippery", rng)
+    assert np.mean([d.success for d in demos]) < 0.08  # value iteration of the walker: 0.026
 
 
 def test_frozenlake_optimal_success_by_value_iteration_over_gymnasiums_100_steps():
@@ -595,6 +654,9 @@ BAD = [
     (["--credit", "episode"], "credit must be turn or token"),
     (["--algorithm", "grpo", "--critic_warmup", "1"], "--critic_warmup is not read here"),
     (["--env", "cartpole-text", "--steps", "1"], "critic_warmup must be >= 0 and below --steps (got 1)"),
+    (["--demonstrator", "expert"], "demonstrator must be one of random, scripted, walker, half-tool"),
+    (["--env", "cartpole-text", "--steps", "2", "--demonstrator", "walker"], "the walker demonstrator is not"),
+    (["--env", "tests.agent_envs:NeverValid", "--demonstrator", "scripted"], "the scripted demonstrator is not"),
 ]
 
 

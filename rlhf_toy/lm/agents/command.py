@@ -35,7 +35,7 @@ from ..models.lora import LoraConfig, add_lora
 from ..pipeline.policy_stage import check_resume_settings
 from ..pipeline.run import quiet_libraries
 from ..pipeline.rundir import PolicyDir
-from .registry import EnvRecord, get_env
+from .registry import DEMONSTRATORS, EnvRecord, get_env
 from .rollout import demo_pairs, demonstrate, env_tools
 from .trainer import AGENT_ROLLOUT, AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds, held_out
 
@@ -48,6 +48,12 @@ class AgentRunConfig:
     seed: int = option("Seed of everything (demonstrations, model, episodes).", 0)
     threads: int = option("torch threads.", 1)
     demos: int = option("Demonstration episodes for SFT (a tenth held out for its loss).", 200)
+    demonstrator: str | None = option(
+        "Whose episodes the SFT imitates: random (draws from the environment's actions), scripted (its good policy), "
+        "walker (FrozenLake: the shortest way as if the lake did not slip, a random move half the time) or "
+        "half-tool (the calculator's); None: the environment's own.",
+        None,
+    )
     sft_epochs: int = option("SFT epochs on the demonstrations (0: none).", 3)
     sft_batch_size: int = option(
         "SFT sequences (turns; whole episodes where the history is kept) per gradient step. Fewer take more steps: "
@@ -79,6 +85,12 @@ class AgentRunConfig:
         for name in ("threads", "demos", "sft_batch_size", "eval_episodes", "n_positions", "vocab_size"):
             check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         check(self.sft_epochs >= 0, "sft_epochs", self.sft_epochs, ">= 0")
+        check(
+            self.demonstrator in (None, *DEMONSTRATORS),
+            "demonstrator",
+            self.demonstrator,
+            "one of " + ", ".join(DEMONSTRATORS),
+        )
         lr = self.sft_learning_rate
         check(lr is None or lr > 0, "sft_learning_rate", lr, "> 0 (or None)")
         if self.base_model is not None:  # the tiny model's settings mean nothing for a pretrained one
@@ -164,7 +176,7 @@ def start_agent(
     instructions = getattr(env, "instructions", "")
     rng = np.random.default_rng(run.seed)
     seeds = [2 * int(s) for s in rng.integers(0, 2**30, size=run.demos)]
-    demos = demonstrate(env, seeds, record.demonstrator, max_turns, record.name, rng)
+    demos = demonstrate(env, seeds, run.demonstrator or record.demonstrator, max_turns, record.name, rng)
     if run.base_model is not None:
         model, tok = load_base(resolve_base_model(run.base_model, Path(run.run_dir) / "base_model"))
     else:

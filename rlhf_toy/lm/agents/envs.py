@@ -44,6 +44,10 @@ class TextEnv(gymnasium.Env):
         """A good action in the current state (the SFT stage's demonstrator); games without one raise."""
         raise NotImplementedError(f"{type(self).__name__} has no scripted policy")
 
+    def walker_action(self, rng: np.random.Generator) -> str:
+        """A weak demonstrator that reads the state without knowing the answer; games without one raise."""
+        raise NotImplementedError(f"{type(self).__name__} has no walker")
+
     def random_action(self, rng: np.random.Generator) -> str:
         """A uniformly random valid action (from `actions`)."""
         if not self.actions:
@@ -80,6 +84,8 @@ class FrozenLakeText(TextEnv):
         self.state = 0
         self.slippery = slippery
         self.policy = optimal_policy(self.env.unwrapped.P, self.size**2)  # the scripted policy, computed once
+        firm = gymnasium.make("FrozenLake-v1", desc=self.env.unwrapped.desc, is_slippery=False).unwrapped
+        self.shortest = optimal_policy(firm.P, self.size**2)  # the walker's way: the lake's, if it did not slip
 
     def render_text(self) -> str:
         """The grid with the agent at P, then a line that says where P is: a tiny model reads a position from the
@@ -110,6 +116,11 @@ class FrozenLakeText(TextEnv):
     def scripted_action(self) -> str:
         """The optimal action of value iteration over gymnasium's own transition table (`optimal_policy`)."""
         return self.actions[self.policy[self.state]]
+
+    def walker_action(self, rng: np.random.Generator) -> str:
+        """The shortest way to G on this map as if it did not slip, a random move half the time: it reads the state
+        and it is not the slippery lake's answer (that pushes into the walls; this walker succeeds about 3% there)."""
+        return self.random_action(rng) if rng.random() < 0.5 else self.actions[self.shortest[self.state]]
 
 
 def action_values(P: dict, s: int, later: np.ndarray, gamma: float) -> list[float]:

@@ -21,7 +21,7 @@ from rlhf_toy.errors import UserError
 
 from .envs import CalculatorTool, CartPoleText, FrozenLakeText, GuessNumber, TextEnv, optimal_success
 
-DEMONSTRATORS = ("random", "scripted", "half-tool")
+DEMONSTRATORS = ("random", "scripted", "walker", "half-tool")
 ALL_HISTORY = -1  # `history`: the whole conversation
 
 

@@ -245,19 +245,30 @@ class DemoEpisode:
 def demonstrate(
     env: TextEnv, seeds: list[int], demonstrator: str, max_turns: int, name: str, rng: np.random.Generator
 ) -> list[DemoEpisode]:
-    """Episodes of the demonstrator (`registry.DEMONSTRATORS`): random actions, the scripted policy, or (the
-    calculator) the scripted tool user in even episodes and a direct right answer in odd ones."""
+    """Episodes of the demonstrator (`registry.DEMONSTRATORS`): random actions, the scripted policy, a walker (a
+    weak policy that reads the state: FrozenLake's), or (the calculator) the scripted tool user in even episodes and
+    a direct right answer in odd ones. A demonstrator the environment does not have is a `UserError`."""
     out = []
     for k, seed in enumerate(seeds):
         obs = checked_reset(env, seed, name)
         steps, total, success = [], 0.0, False
         for turn in range(max_turns):
-            if demonstrator == "random":
-                action = env.random_action(rng)
-            elif demonstrator == "scripted" or k % 2 == 0:
-                action = env.scripted_action()
-            else:
-                action = env.direct_action()  # type: ignore[attr-defined]
+            try:
+                if demonstrator == "random":
+                    action = env.random_action(rng)
+                elif demonstrator == "walker":
+                    action = env.walker_action(rng)
+                elif demonstrator == "scripted" or k % 2 == 0:
+                    action = env.scripted_action()
+                elif hasattr(env, "direct_action"):
+                    action = env.direct_action()
+                else:
+                    raise NotImplementedError(f"{type(env).__name__} has no direct_action")
+            except NotImplementedError as exc:
+                raise UserError(
+                    f"environment {name}: the {demonstrator} demonstrator is not available ({exc}); choose another "
+                    "--demonstrator (random draws from the environment's actions)"
+                ) from None
             nxt, reward, terminated, truncated, info = checked_step(env, action, name, turn + 1, seed)
             steps.append((obs, action))
             total, obs = total + reward, nxt
