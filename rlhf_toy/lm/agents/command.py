@@ -56,10 +56,9 @@ class AgentRunConfig:
     )
     sft_epochs: int = option("SFT epochs on the demonstrations (0: none).", 3)
     sft_batch_size: int = option(
-        "SFT sequences (turns; whole episodes where the history is kept) per gradient step. Fewer take more steps: "
-        "a fresh tiny model needs a few hundred to learn to read "
-        "the state (measured on the slippery lake: at 64, 3 epochs are about 40 steps and its imitation of a walker "
-        "that reads the state ignored it; at 8 it followed it state by state).",
+        "SFT sequences (turns; whole episodes where the history is kept) per gradient step. Fewer take more steps, "
+        "which a fresh tiny model needs to learn to read the state (measured: imitating 20 episodes of the slippery "
+        "lake's optimal policy, its move was the likeliest in 11 of 11 states at 8, in 7 at 64).",
         SFTConfig.batch_size,
     )
     sft_learning_rate: float | None = option(
