@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from rlhf_toy.advantages import gae
 from rlhf_toy.cli import none_or, one_line_error
 from rlhf_toy.errors import UserError, run_cli
-from rlhf_toy.lm.agents.envs import FrozenLakeText
+from rlhf_toy.lm.agents.envs import FrozenLakeText, action_values
 from rlhf_toy.lm.agents.registry import ENVIRONMENTS
 from rlhf_toy.lm.agents.trainer import agent_settings
 from rlhf_toy.lm.algorithms.online import get_algorithm
@@ -82,15 +82,14 @@ def play(env: FrozenLakeText, probs: np.ndarray, n: int, max_turns: int, rng: np
         mask[: len(e), b] = 1
     states, actions, rewards, nxt, term, trunc = (torch.tensor(c) for c in cols)
     success = float(np.mean([e[-1][2] > 0 for e in episodes]))
-    as_long = lambda x: x.long()  # noqa: E731
     return Episodes(
-        as_long(states),
-        as_long(actions),
+        states.long(),
+        actions.long(),
         rewards.float(),
-        as_long(nxt),
+        nxt.long(),
         term.bool(),
         trunc.bool(),
-        torch.tensor(mask).bool(),
+        torch.tensor(mask) > 0,
         success,
     )
 
@@ -107,7 +106,7 @@ def greedy_success(env: FrozenLakeText, logits: np.ndarray, horizon: int) -> flo
     P, greedy = env.env.unwrapped.P, logits.argmax(-1)
     value = np.zeros(len(P))
     for _ in range(horizon):
-        value = np.array([sum(p * (r + (0.0 if done else value[s2])) for p, s2, r, done in P[s][greedy[s]]) for s in P])
+        value = np.array([action_values(P, s, value, 1.0)[greedy[s]] for s in range(len(P))])
     return float(value[0])
 
 
