@@ -90,7 +90,7 @@ def commands_page() -> str:
         GENERATED,
         "Every flag of every command, from the config dataclasses (`option(help, default)`) and the command's "
         "preset. `--help` on any command prints the same. Booleans take `--flag` / `--flag False`; "
-        "`--no_flag` turns a default-on flag off; a flag of type \"or None\" takes `None` (`--clip_range_vf None`), "
+        '`--no_flag` turns a default-on flag off; a flag of type "or None" takes `None` (`--clip_range_vf None`), '
         "which turns off what a preset or record set.\n",
         "## `rlhf-toy` (also `python -m rlhf_toy.lm`)\n",
         *command_sections("rlhf-toy", RLHF_COMMANDS),
