@@ -242,12 +242,16 @@ class DemoEpisode:
     success: bool
 
 
+class NoDemonstrator(UserError):
+    """The environment has no such demonstrator (a game without a scripted policy, a walker, ...)."""
+
+
 def demonstrate(
     env: TextEnv, seeds: list[int], demonstrator: str, max_turns: int, name: str, rng: np.random.Generator
 ) -> list[DemoEpisode]:
     """Episodes of the demonstrator (`registry.DEMONSTRATORS`): random actions, the scripted policy, a walker (a
     weak policy that reads the state: FrozenLake's), or (the calculator) the scripted tool user in even episodes and
-    a direct right answer in odd ones. A demonstrator the environment does not have is a `UserError`."""
+    a direct right answer in odd ones. A demonstrator the environment does not have raises `NoDemonstrator`."""
     out = []
     for k, seed in enumerate(seeds):
         obs = checked_reset(env, seed, name)
@@ -265,7 +269,7 @@ def demonstrate(
                 else:
                     raise NotImplementedError(f"{type(env).__name__} has no direct_action")
             except NotImplementedError as exc:
-                raise UserError(
+                raise NoDemonstrator(
                     f"environment {name}: the {demonstrator} demonstrator is not available ({exc}); choose another "
                     "--demonstrator (random draws from the environment's actions)"
                 ) from None
