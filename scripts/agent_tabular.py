@@ -8,7 +8,8 @@ environment's reward gives when reading the state is free: a reference line for 
     python scripts/agent_tabular.py --env frozenlake-slippery --learning_rate 0.03 --value_lr_scale 0   # no critic
 
 Prints one JSON line per seed (greedy success computed exactly over the turn limit, the last 10 steps' sampled
-success, the first step whose 5-step mean came within 0.05 of the optimal policy) and one with their means.
+success, the first step whose 5-step moving average came within 0.05 of the optimal policy, as `compare.first_at`
+reads it) and one with their means.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 from rlhf_toy.advantages import gae
 from rlhf_toy.cli import none_or, one_line_error
 from rlhf_toy.errors import UserError, run_cli
+from rlhf_toy.lm.agents.compare import first_at
 from rlhf_toy.lm.agents.envs import FrozenLakeText, action_values
 from rlhf_toy.lm.agents.registry import ENVIRONMENTS
 from rlhf_toy.lm.agents.trainer import agent_settings
@@ -143,7 +145,7 @@ def train(env_name: str, seed: int, learning_rate: float, value_lr_scale: float 
             mask=ep.mask,
         )
         real = ep.mask.T.flatten()
-        episodes = torch.arange(rl.batch_size)[:, None].expand(-1, ep.mask.shape[0]).flatten()[real]
+        episodes = real_steps(torch.arange(rl.batch_size).expand(ep.mask.shape[0], -1), real)  # each step's episode
         batch = RolloutBatch(*(real_steps(x, real) for x in (ep.states, ep.actions, logp, values, adv, ret)))
         ppo_update(
             table,
@@ -157,12 +159,12 @@ def train(env_name: str, seed: int, learning_rate: float, value_lr_scale: float 
         )
         sampled.append(ep.success)
     target = record.optimal() - 0.05 if record.optimal else 1.0
-    means = [np.mean(sampled[max(0, i - 4) : i + 1]) for i in range(len(sampled))]
+    within = first_at({"success": np.array(sampled), "episodes": np.arange(1, rl.steps + 1)}, target)  # a step
     return {
         "seed": seed,
         "greedy_success": round(greedy_success(env, table.logits.detach().numpy(), record.max_turns), 4),
         "sampled_last_10": round(float(np.mean(sampled[-10:])), 4),
-        "step_within_0.05": next((i + 1 for i, m in enumerate(means) if m >= target), None),
+        "step_within_0.05": None if np.isnan(within) else int(within),
         "episodes": rl.steps * rl.batch_size,
     }
 
