@@ -246,6 +246,20 @@ class NoDemonstrator(UserError):
     """The environment has no such demonstrator (a game without a scripted policy, a walker, ...)."""
 
 
+def demo_action(env: TextEnv, demonstrator: str, episode: int, rng: np.random.Generator) -> str:
+    """The demonstrator's action in `env`'s current state (half-tool: the scripted one in even episodes, a direct
+    answer in odd ones); `NotImplementedError` where the environment has no such policy."""
+    if demonstrator == "random":
+        return env.random_action(rng)
+    if demonstrator == "walker":
+        return env.walker_action(rng)
+    if demonstrator == "scripted" or episode % 2 == 0:
+        return env.scripted_action()
+    if hasattr(env, "direct_action"):
+        return env.direct_action()
+    raise NotImplementedError(f"{type(env).__name__} has no direct_action")
+
+
 def demonstrate(
     env: TextEnv, seeds: list[int], demonstrator: str, max_turns: int, name: str, rng: np.random.Generator
 ) -> list[DemoEpisode]:
@@ -258,16 +272,7 @@ def demonstrate(
         steps, total, success = [], 0.0, False
         for turn in range(max_turns):
             try:
-                if demonstrator == "random":
-                    action = env.random_action(rng)
-                elif demonstrator == "walker":
-                    action = env.walker_action(rng)
-                elif demonstrator == "scripted" or k % 2 == 0:
-                    action = env.scripted_action()
-                elif hasattr(env, "direct_action"):
-                    action = env.direct_action()
-                else:
-                    raise NotImplementedError(f"{type(env).__name__} has no direct_action")
+                action = demo_action(env, demonstrator, k, rng)
             except NotImplementedError as exc:
                 raise NoDemonstrator(
                     f"environment {name}: the {demonstrator} demonstrator is not available ({exc}); choose another "
