@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Each state's move probabilities of a FrozenLake agent run's SFT model and trained model, beside the optimal
 move, how much the policy depends on the state, and how far apart the states' hidden states are where the reply
-starts (`rlhf_toy.lm.agents.policy_map`).
+starts (`rlhf_toy.lm.agents.policy_map`). A run with `--constrain_actions`: the moves' probabilities renormalized
+over the four, as that run draws them.
 
     python scripts/agent_policy_map.py runs/slip
 """
@@ -20,9 +21,9 @@ from rlhf_toy.lm.pipeline.run import quiet_libraries
 from rlhf_toy.logging import markdown_table
 
 
-def table(run: Path, name: str, env: FrozenLakeText) -> str:
+def table(run: Path, name: str, env: FrozenLakeText, constrained: bool) -> str:
     model, tok = load_causal_lm(run / name, f"agent {name}")
-    rows = policy_map(model, tok, env)
+    rows = policy_map(model, tok, env, constrained)
     moves = list(env.actions)
     body = [
         [str(r["state"]), r["optimal"], *(f"{r['probs'][m]:.2f}" for m in moves), f"{r['other']:.2f}"] for r in rows
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{run} is a run on {settings['env']}; the policy map reads FrozenLake runs")
     for name in ("sft_model", "model"):
         if (run / name).is_dir():
-            print(table(run, name, env))
+            print(table(run, name, env, bool(settings.get("constrain_actions"))))
     return 0
 
 

@@ -37,7 +37,16 @@ from ..pipeline.run import quiet_libraries
 from ..pipeline.rundir import PolicyDir
 from .registry import DEMONSTRATORS, EnvRecord, get_env
 from .rollout import NoDemonstrator, demo_pairs, demonstrate, env_tools
-from .trainer import AGENT_ROLLOUT, AGENT_UNREAD, AgentConfig, AgentTrainer, agent_settings, eval_seeds, held_out
+from .trainer import (
+    AGENT_ROLLOUT,
+    AGENT_UNREAD,
+    AgentConfig,
+    AgentTrainer,
+    action_words,
+    agent_settings,
+    eval_seeds,
+    held_out,
+)
 
 
 @dataclass
@@ -273,6 +282,8 @@ def run_agent(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora
     out = PolicyDir(run.run_dir)
     with output_lock(out.path, "language-model agent run"):
         agent_settings(record, get_algorithm(agent.algorithm), rl, ppo)  # refused before any work, if it is
+        if agent.constrain_actions:
+            action_words(record)  # the same
         trainer, start = start_rl(run, agent, rl, ppo, lora, record, out)
         tok, settings = trainer.tok, start["settings"]
         rows: dict[str, dict[str, Any]] = {"base model": start["base"]} if start.get("base") else {}

@@ -37,21 +37,31 @@ def state_contexts(model, tok, env: FrozenLakeText) -> Iterator[tuple[int, torch
 
 
 @torch.no_grad()
-def policy_map(model, tok, env: FrozenLakeText) -> list[dict[str, Any]]:
+def policy_map(model, tok, env: FrozenLakeText, constrained: bool = False) -> list[dict[str, Any]]:
     """One row per non-terminal state, from one forward pass there: `state`, `optimal` (value iteration's move),
     `probs` (move -> probability of the move's first token after the state's first-turn context), `other` (the
-    rest: unreadable starts) and `hidden` (the last layer's hidden state `[d]` where the reply starts)."""
+    rest: unreadable starts) and `hidden` (the last layer's hidden state `[d]` where the reply starts).
+    `constrained` (a `--constrain_actions` run): the probabilities renormalized over the moves' first tokens, as
+    that run's policy draws them (`other` 0, to float rounding)."""
     model.eval()
     first = {a: tok.encode(a, add_special_tokens=False)[0] for a in env.actions}
     rows = []
     for s, ids in state_contexts(model, tok, env):
         out = model(ids, output_hidden_states=True)
         p = torch.softmax(out.logits[0, -1].float(), -1)
+        if constrained:
+            p = p / p[list(first.values())].sum()
         probs = {a: float(p[i]) for a, i in first.items()}
         optimal = env.actions[env.policy[s]]
         hidden = out.hidden_states[-1][0, -1].double().cpu()
         rows.append(
-            {"state": s, "optimal": optimal, "probs": probs, "other": 1 - sum(probs.values()), "hidden": hidden}
+            {
+                "state": s,
+                "optimal": optimal,
+                "probs": probs,
+                "other": max(0.0, 1 - sum(probs.values())),
+                "hidden": hidden,
+            }
         )
     return rows
 

@@ -24,6 +24,7 @@ from rlhf_toy.errors import UserError, first_line
 from ..algorithms.sft import PairIds
 from ..models.base import context_length
 from ..models.chat import BOT, USER, encode_responses
+from ..models.constrain import ReplyConstraint
 from ..models.sampling import sample
 from .envs import TextEnv
 from .registry import ALL_HISTORY
@@ -72,6 +73,7 @@ class RolloutSettings:
     history: int  # earlier turns kept in the context (0: none, ALL_HISTORY: all)
     max_new_tokens: int
     temperature: float = 1.0
+    constraint: ReplyConstraint | None = None  # --constrain_actions: only the environment's actions are drawn
 
 
 def user_text(instructions: str, observation: str, first: bool) -> str:
@@ -193,6 +195,7 @@ def run_episodes(
             greedy=greedy,
             with_hidden=with_hidden,
             prompt_ids=[contexts[i] for i in active],
+            constraint=settings.constraint,
         )
         lengths = s.response_mask.sum(1).tolist()
         still = []

@@ -43,7 +43,8 @@ from ..algorithms.rlhf import (
 )
 from ..data.text import distinct_2
 from ..models.causal_lm import position_ids
-from ..models.chat import pad_sequences
+from ..models.chat import encode_responses, pad_sequences
+from ..models.constrain import ReplyConstraint
 from ..models.devices import autocast, check_bf16, model_device
 from ..models.policy import PolicyWithValueHead
 from ..models.sampling import Samples
@@ -84,6 +85,12 @@ class AgentConfig:
         "turn",
     )
     invalid_patience: int = option("Stop once every action of this many steps in a row was invalid.", 5)
+    constrain_actions: bool = option(
+        "Draw only the environment's actions (its `actions` words, each then EOS): the others' tokens are masked in "
+        "sampling and in every log-prob the update and the KL read, as MaskablePPO masks invalid actions. For games "
+        "with a fixed set of actions (FrozenLake, CartPole as text, gymnasium ids).",
+        False,
+    )
 
     def __post_init__(self) -> None:
         check(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns, ">= 1")
@@ -92,13 +99,41 @@ class AgentConfig:
         check(self.invalid_patience >= 1, "invalid_patience", self.invalid_patience, ">= 1")
 
 
-def rollout_settings(record: EnvRecord, agent: AgentConfig, rl: RLHFConfig, temperature: float | None = None):
+def rollout_settings(
+    record: EnvRecord, agent: AgentConfig, rl: RLHFConfig, tok=None, temperature: float | None = None
+) -> RolloutSettings:
+    """How `agent` plays `record`: its turn limit, history and reply length, and with `--constrain_actions` the
+    environment's actions as a reply constraint (`action_constraint`; that needs `tok`)."""
     return RolloutSettings(
         agent.max_turns or record.max_turns,
         record.history if agent.history is None else agent.history,
         rl.max_new_tokens,
         rl.temperature if temperature is None else temperature,
+        action_constraint(record, tok, rl.max_new_tokens) if agent.constrain_actions else None,
     )
+
+
+def action_words(record: EnvRecord) -> tuple[str, ...]:
+    """The environment's fixed set of action words (`TextEnv.actions`), which `--constrain_actions` needs."""
+    actions = record.make().actions
+    if not actions:
+        raise UserError(
+            f"environment {record.name} names no fixed set of actions (its `actions`), so there is nothing to "
+            "constrain the replies to; leave out --constrain_actions"
+        )
+    return tuple(actions)
+
+
+def action_constraint(record: EnvRecord, tok, max_new_tokens: int) -> ReplyConstraint:
+    """The environment's action words, each as the model writes a reply (`encode_responses`: its tokens, then EOS),
+    as the replies a constrained agent may draw."""
+    replies = encode_responses(tok, list(action_words(record)))
+    if max(len(r) for r in replies) > max_new_tokens:
+        raise UserError(
+            f"an action of {record.name} is {max(len(r) for r in replies)} tokens with its EOS, longer than "
+            f"--max_new_tokens {max_new_tokens}; raise --max_new_tokens"
+        )
+    return ReplyConstraint(replies)
 
 
 def eval_seeds(n: int, seed: int) -> list[int]:
@@ -220,13 +255,15 @@ class AgentTrainer:
         self.algorithm = get_algorithm(self.agent.algorithm)
         self.rl, self.ppo = agent_settings(self.record, self.algorithm, rl, ppo)
         self.tok, self.seed = tok, seed
-        self.settings = rollout_settings(self.record, self.agent, self.rl)
+        self.settings = rollout_settings(self.record, self.agent, self.rl, tok)
         self.critic = self.algorithm.needs_values(self.ppo)
         self.device = model_device(model)
         check_bf16(self.device, self.rl.bf16)
         torch.manual_seed(seed)  # the value head's initialization draws from it
         self.ref_model = frozen_reference(model, ref_model)
-        self.policy = PolicyWithValueHead(model.eval(), self.rl.temperature, critic=self.critic)
+        self.policy = PolicyWithValueHead(
+            model.eval(), self.rl.temperature, critic=self.critic, constraint=self.settings.constraint
+        )
         self.optimizer = policy_optimizer(self.policy, self.ppo)
         self.kl_ctl = kl_controller(self.rl)
         self.envs = [self.record.make() for _ in range(self.rl.batch_size)]

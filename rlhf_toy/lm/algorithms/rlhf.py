@@ -83,11 +83,13 @@ def checked_scores(values: Any, n: int, source: Any) -> Tensor:
 
 
 def reference_logprobs(policy: PolicyWithValueHead, ref_model, s: Samples, temperature: float) -> Tensor:
-    """`[B, R]` log-probs under the frozen reference: `ref_model`, or (None) the LoRA policy with adapters off."""
+    """`[B, R]` log-probs under the frozen reference: `ref_model`, or (None) the LoRA policy with adapters off; under
+    the policy's reply constraint where it has one (the KL is then between the two constrained policies)."""
+    args = (s.prompt_ids, s.prompt_mask, s.response_ids, temperature)
     if ref_model is None:
         with reference_mode(policy.lm):
-            return response_logprobs(policy.lm, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)[0]
-    return response_logprobs(ref_model, s.prompt_ids, s.prompt_mask, s.response_ids, temperature)[0]
+            return response_logprobs(policy.lm, *args, constraint=policy.constraint)[0]
+    return response_logprobs(ref_model, *args, constraint=policy.constraint)[0]
 
 
 def sample_and_score(

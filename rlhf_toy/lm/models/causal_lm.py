@@ -21,6 +21,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from rlhf_toy.config import check, option
 
+from .constrain import ReplyConstraint, mask_logits
 from .devices import model_device
 
 
@@ -65,11 +66,15 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+def token_logprobs(
+    logits: Tensor, tokens: Tensor, temperature: float, allowed: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Logits `[..., V]` divided by `temperature` -> the log-probs of `tokens [...]` and the entropies, `[...]` each
-    (in float32 whatever the logits' dtype)."""
-    log_pi = F.log_softmax(logits.float() / temperature, -1)
-    return log_pi.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(log_pi.exp() * log_pi).sum(-1)
+    (in float32 whatever the logits' dtype). `allowed [..., V]` (a `constrain.ReplyConstraint`'s masks): the
+    distribution renormalized over the allowed tokens (the others' probability 0, left out of the entropy)."""
+    log_pi = F.log_softmax(mask_logits(logits.float() / temperature, allowed), -1)
+    plogp = log_pi.exp() * (log_pi if allowed is None else log_pi.masked_fill(~allowed, 0.0))
+    return log_pi.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -plogp.sum(-1)
 
 
 _FORWARD_ARGS: dict[type, frozenset[str]] = {}
@@ -120,8 +125,10 @@ def response_logprobs(
     response_ids: Tensor,
     temperature: float = 1.0,
     return_hidden: bool = False,
+    constraint: ReplyConstraint | None = None,
 ):
-    """Log-probs of the response tokens under `model`, logits divided by `temperature`.
+    """Log-probs of the response tokens under `model`, logits divided by `temperature` (and with a `constraint`,
+    renormalized over the tokens it allows at each position: the constrained policy's).
 
     `prompt_ids/prompt_mask [B, P]` left-padded; `response_ids [B, R]` (any value after EOS).
     Returns `logprobs [B, R]`, `entropy [B, R]` (and the last hidden states at the positions that predict
@@ -133,13 +140,17 @@ def response_logprobs(
     """
     device = model_device(model)
     prompt_ids, prompt_mask, response_ids = prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device)
+
+    def allowed(logits: Tensor) -> Tensor | None:
+        return None if constraint is None else constraint.masks(response_ids, logits.shape[-1])
+
     if shares_prompts(model):
         first, index = distinct_prompts(prompt_ids, prompt_mask)
         if len(first) < len(prompt_ids):
             logits, hidden = shared_prompt_forward(
                 model, prompt_ids, prompt_mask, response_ids, first, index, return_hidden
             )
-            logprobs, entropy = token_logprobs(logits, response_ids, temperature)
+            logprobs, entropy = token_logprobs(logits, response_ids, temperature, allowed(logits))
             return (logprobs, entropy, hidden) if return_hidden else (logprobs, entropy)
     ids = torch.cat([prompt_ids, response_ids], 1)
     mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], 1)
@@ -151,7 +162,8 @@ def response_logprobs(
         input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), output_hidden_states=return_hidden, **keep
     )
     # position t predicts token t + 1: positions P - 1 ... P + R - 2, the same slice whichever logits came back
-    logprobs, entropy = token_logprobs(out.logits[:, -(R + 1) : -1], response_ids, temperature)
+    logits = out.logits[:, -(R + 1) : -1]
+    logprobs, entropy = token_logprobs(logits, response_ids, temperature, allowed(logits))
     if return_hidden:
         return logprobs, entropy, out.hidden_states[-1][:, P - 1 : P + R - 1]
     return logprobs, entropy

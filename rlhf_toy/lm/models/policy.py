@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from .causal_lm import response_logprobs
+from .constrain import ReplyConstraint
 from .devices import model_device
 
 
@@ -16,11 +17,21 @@ class PolicyWithValueHead(nn.Module):
     language model (a value loss flowing into a shared trunk destabilized PPO in a small test here). Without a
     `critic` (RLOO, the GRPO family: nothing reads the values) the head is kept, frozen, but not run: the values
     are zeros, and the update spends nothing on them.
+
+    `constraint` (an agent's `--constrain_actions`): the policy is the language model's distribution renormalized
+    over the replies it allows, in every log-prob and entropy `evaluate` returns.
     """
 
-    def __init__(self, lm: nn.Module, temperature: float, value_hidden: int = 128, critic: bool = True) -> None:
+    def __init__(
+        self,
+        lm: nn.Module,
+        temperature: float,
+        value_hidden: int = 128,
+        critic: bool = True,
+        constraint: ReplyConstraint | None = None,
+    ) -> None:
         super().__init__()
-        self.lm, self.temperature, self.critic = lm, temperature, critic
+        self.lm, self.temperature, self.critic, self.constraint = lm, temperature, critic, constraint
         width = lm.config.hidden_size  # every architecture's name for it (GPT-2 maps n_embd)
         self.value_head = nn.Sequential(nn.Linear(width, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
         nn.init.zeros_(self.value_head[2].weight)
@@ -34,10 +45,12 @@ class PolicyWithValueHead(nn.Module):
     def evaluate(self, observations: tuple[Tensor, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         prompt_ids, prompt_mask = observations
         if not self.critic:
-            logprobs, entropy = response_logprobs(self.lm, prompt_ids, prompt_mask, actions, self.temperature)
+            logprobs, entropy = response_logprobs(
+                self.lm, prompt_ids, prompt_mask, actions, self.temperature, constraint=self.constraint
+            )
             return logprobs, entropy, torch.zeros_like(logprobs)
         logprobs, entropy, hidden = response_logprobs(
-            self.lm, prompt_ids, prompt_mask, actions, self.temperature, return_hidden=True
+            self.lm, prompt_ids, prompt_mask, actions, self.temperature, return_hidden=True, constraint=self.constraint
         )
         values = self.value_head(hidden.detach()).squeeze(-1)
         return logprobs, entropy, values

@@ -23,6 +23,7 @@ from rlhf_toy.errors import note_once
 
 from .causal_lm import distinct_prompts, token_logprobs
 from .chat import encode_prompts, pad_sequences, widen
+from .constrain import ReplyConstraint, mask_logits
 from .devices import model_device
 from .kv_cache import decoding_cache
 
@@ -84,13 +85,15 @@ def decode(
     eos_id: int | None,
     pad_id: int,
     with_hidden: bool = False,
+    constraint: ReplyConstraint | None = None,
 ) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """`generate`'s sampling loop without `generate`: `ids, mask [B, P]` (left-padded) -> the drawn tokens `[B, R]`
     (PAD after a row's EOS; R <= max_new_tokens, fewer when every row ended), each step's raw logits (`[B, V]`),
     and with `with_hidden` the last hidden state that gave each step's logits (`[B, R, H]`: a value head reads it).
 
     Positions are `cumsum(mask) - 1` (1 on padding), as `generate` makes them; temperature divides the logits
-    unless it is 1; `eos_id=None` never stops a row."""
+    unless it is 1; `eos_id=None` never stops a row. A `constraint` draws from the tokens it allows (the raw
+    logits are returned as they were: `step_logprobs` applies it again)."""
     cache_arg = lean_decoding(model)
     assert cache_arg is not None, "decode() needs a model that lean_decoding() accepts"
     cache = decoding_cache(model.config, ids.shape[1], max_new_tokens)  # long replies: written in place
@@ -117,6 +120,9 @@ def decode(
         logits.append(step)
         if with_hidden:
             hidden.append(step_hidden)
+        if constraint is not None:
+            done = torch.stack(tokens, 1) if tokens else ids.new_zeros(B, 0)
+            step = mask_logits(step, constraint.allowed(done, step.shape[-1]))
         if greedy:
             nxt = step.argmax(-1)
         else:
@@ -145,11 +151,20 @@ def widen_steps(x: Tensor, steps: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, 0, 0, steps - x.shape[1]))
 
 
-def step_logprobs(logits: tuple[Tensor, ...], tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+def step_logprobs(
+    logits: tuple[Tensor, ...], tokens: Tensor, temperature: float, constraint: ReplyConstraint | None = None
+) -> tuple[Tensor, Tensor]:
     """`generate`'s raw logits (one `[B, V]` a step) and the tokens it drew `[B, R]` -> their log-probs and each
     step's entropy at `temperature`, `[B, R]` each: what `causal_lm.response_logprobs` computes in a forward pass
-    over the whole sequence (a step at a time here, so that no `[B, R, V]` tensor is held)."""
-    logprobs, entropy = zip(*(token_logprobs(step, tokens[:, t], temperature) for t, step in enumerate(logits)))
+    over the whole sequence (a step at a time here, so that no `[B, R, V]` tensor is held); with a `constraint`,
+    the constrained policy's."""
+
+    def allowed(t: int, step: Tensor) -> Tensor | None:
+        return None if constraint is None else constraint.allowed(tokens[:, :t], step.shape[-1])
+
+    logprobs, entropy = zip(
+        *(token_logprobs(step, tokens[:, t], temperature, allowed(t, step)) for t, step in enumerate(logits))
+    )
     return torch.stack(logprobs, 1), torch.stack(entropy, 1)
 
 
@@ -167,6 +182,7 @@ def sample(
     lean: bool = True,
     with_hidden: bool = False,
     prompt_ids: list[list[int]] | None = None,
+    constraint: ReplyConstraint | None = None,
 ) -> Samples:
     """One response per prompt (repeat prompts for several). Uses torch's global RNG: seed it for repeats.
 
@@ -184,6 +200,10 @@ def sample(
     `lean`: decode with our own loop (`decode`, the same tokens as `generate`) where the model allows it; False
     always calls `generate`. `with_hidden` (lean loop only; otherwise `hidden` stays None) keeps the last hidden
     state behind each token, for a value head: PPO then needs no forward pass of its own either.
+
+    `constraint` (`constrain.ReplyConstraint`): only its replies are drawn, and the log-probs and entropies are
+    those of the distribution renormalized over what it allows (on `generate` too, through its
+    `prefix_allowed_tokens_fn`).
     """
     chunks = []
     device = model_device(model)
@@ -205,7 +225,16 @@ def sample(
             hidden = None
             if drives:
                 response, raw, hidden = decode(
-                    model, ids, mask, max_new_tokens, temperature, greedy, eos, tok.pad_token_id, with_hidden
+                    model,
+                    ids,
+                    mask,
+                    max_new_tokens,
+                    temperature,
+                    greedy,
+                    eos,
+                    tok.pad_token_id,
+                    with_hidden,
+                    constraint,
                 )
             else:
                 how = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}
@@ -219,9 +248,12 @@ def sample(
                     eos_token_id=eos,
                     return_dict_in_generate=True,
                     output_logits=with_logprobs,
+                    prefix_allowed_tokens_fn=None
+                    if constraint is None
+                    else allowed_after(constraint, ids.shape[1], model.config.vocab_size),
                 )
                 response, raw = out.sequences[:, ids.shape[1] :], out.logits
-            steps = step_logprobs(raw, response, temperature) if with_logprobs else (None, None)
+            steps = step_logprobs(raw, response, temperature, constraint) if with_logprobs else (None, None)
             chunks.append((ids, mask, response, *steps, hidden))
     finally:
         model.generation_config.eos_token_id = saved_eos
@@ -246,6 +278,18 @@ def sample(
     return Samples(
         list(prompts), prompt_ids, prompt_mask, response_ids, response_mask, eos, texts, logprobs, entropy, hidden
     )
+
+
+def allowed_after(constraint: ReplyConstraint, prompt_length: int, vocab_size: int):
+    """`generate`'s `prefix_allowed_tokens_fn` for `constraint`: the token ids it allows after the reply so far
+    (the ids past `prompt_length`); every id where it allows all (`ReplyConstraint.allowed`'s padding)."""
+    every = list(range(vocab_size))
+
+    def allowed(_: int, ids: Tensor) -> list[int]:
+        options = constraint.next.get(tuple(ids[prompt_length:].tolist()))
+        return every if options is None else options
+
+    return allowed
 
 
 def select_samples(s: Samples, idx: list[int]) -> Samples:
