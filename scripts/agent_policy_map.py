@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{run} is a run on {settings['env']}; the policy map reads FrozenLake runs")
     for name in ("sft_model", "model"):
         if (run / name).is_dir():
-            print(table(run, name, env, bool(settings.get("constrain_actions"))))
+            print(table(run, name, env, bool(settings.get("agent", {}).get("constrain_actions"))))
     return 0
 
 

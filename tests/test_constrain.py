@@ -138,3 +138,19 @@ def test_the_policy_map_of_a_constrained_run_is_the_policy_it_draws_from(lake_mo
         assert math.isclose(sum(k["probs"].values()), 1.0, abs_tol=1e-5) and k["other"] < 1e-6
         for move, p in f["probs"].items():
             assert math.isclose(k["probs"][move], p / (1 - f["other"]), rel_tol=1e-4)
+
+
+def test_the_policy_map_script_reads_a_constrained_runs_setting(lake_model, tmp_path, capsys):
+    from tests.test_agents import script
+
+    model, tok = lake_model
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    settings = {"env": "frozenlake-slippery", "agent": {"constrain_actions": True}}
+    (tmp_path / "agent.json").write_text(json.dumps({"settings": settings}))
+    assert run_cli(script("agent_policy_map").main, [str(tmp_path)]) == 0
+    rows = [
+        line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    others = [float(r[-2]) for r in rows[1:]]  # the "other" column under the header
+    assert len(others) == 11 and all(o == 0.0 for o in others)
