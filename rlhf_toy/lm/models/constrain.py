@@ -32,18 +32,22 @@ class ReplyConstraint:
                 options = self.next.setdefault(tuple(r[:t]), [])
                 if r[t] not in options:
                     options.append(r[t])
-        self.longest = max(len(r) for r in self.replies)
 
     def allowed(self, prefixes: Tensor, vocab_size: int) -> Tensor:
         """`prefixes [B, t]` (the reply's tokens so far; t may be 0) -> `[B, V]` bool, True where a token may come
         next."""
-        out = torch.ones(prefixes.shape[0], vocab_size, dtype=torch.bool)
-        for i, prefix in enumerate(prefixes.tolist()):
+        # One row per distinct prefix (a batch holds few: the replies share their beginnings), then spread back.
+        if prefixes.shape[1] == 0:  # the reply's first token: one prefix for every row
+            distinct, index = prefixes.new_zeros(1, 0).cpu(), torch.zeros(len(prefixes), dtype=torch.long)
+        else:
+            distinct, index = torch.unique(prefixes.cpu(), dim=0, return_inverse=True)
+        out = torch.ones(len(distinct), vocab_size, dtype=torch.bool)
+        for i, prefix in enumerate(distinct.tolist()):
             options = self.next.get(tuple(prefix))
             if options is not None:
                 out[i] = False
                 out[i, options] = True
-        return out.to(prefixes.device)
+        return out[index].to(prefixes.device)
 
     def masks(self, response_ids: Tensor, vocab_size: int) -> Tensor:
         """`response_ids [B, R]` -> `[B, R, V]` bool: what `allowed` gave at each position of each reply."""
