@@ -124,13 +124,17 @@ def test_ppo_raises_a_rule_reward_while_kl_stays_finite(sft):
 
 @NEEDS_BF16
 def test_bf16_learns_as_fp32_does_and_repeats_itself(sft):
-    """--bf16 on (CPU autocast): the same rule reward gained to within half of fp32's gain on the same seed
-    (measured: the last 5 steps' mean score 4.28 against 4.51, from 0.34; KL 27 against 25 nats at step 30), and
-    the same seed gives the same numbers."""
+    """--bf16 on (CPU autocast): the same rule reward gained at least half of fp32's gain on the same seed, at the
+    same reward per nat of KL within a factor 2, and the same seed gives the same numbers. Measured at step 30 (the
+    last 5 steps' mean score from about 0.34; KL): on an AMD EPYC with AVX512-BF16, 4.28 at 27 nats against fp32's
+    4.51 at 25; on an Intel Xeon with AMX, 13.31 at 64 nats against 4.51 at 25: how far 30 steps go differs by CPU
+    (an upper bound on the gain alone failed there), the trade of reward for KL (0.15-0.20 a nat) does not."""
     first, last, rows = rule_reward_run(sft, bf16="on")
-    fp32_first, fp32_last, _ = rule_reward_run(sft)
+    fp32_first, fp32_last, fp32_rows = rule_reward_run(sft)
     assert last - first > 0.5 * (fp32_last - fp32_first) > 0.15, (first, last, fp32_first, fp32_last)
-    assert last - first < 2 * (fp32_last - fp32_first)
+    per_nat = (last - first) / rows[-1]["objective/kl"]
+    fp32_per_nat = (fp32_last - fp32_first) / fp32_rows[-1]["objective/kl"]
+    assert 0.5 < per_nat / fp32_per_nat < 2, (per_nat, fp32_per_nat)
     assert all(abs(m["objective/kl"]) < 100 for m in rows)
     drop = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}  # noqa: E731
     again = trainer(sft, bf16="on")
