@@ -14,6 +14,7 @@ line) and a random one (`scripted_action`, `random_action`).
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from typing import Any
@@ -83,9 +84,8 @@ class FrozenLakeText(TextEnv):
         self.size = len(self.desc)
         self.state = 0
         self.slippery = slippery
-        self.policy = optimal_policy(self.env.unwrapped.P, self.size**2)  # the scripted policy, computed once
-        firm = gymnasium.make("FrozenLake-v1", desc=self.env.unwrapped.desc, is_slippery=False).unwrapped
-        self.shortest = optimal_policy(firm.P, self.size**2)  # the walker's way: the lake's, if it did not slip
+        self.policy = list(lake_policy(slippery))  # the scripted policy
+        self.shortest = list(lake_policy(False))  # the walker's way: the lake's, if it did not slip
 
     def render_text(self) -> str:
         """The grid with the agent at P, then a line that says where P is: a tiny model reads a position from the
@@ -145,6 +145,14 @@ def optimal_policy(P: dict, n_states: int, horizon: int = 100, gamma: float = 0.
     undiscounted values (with 99 steps left most moves still reach G surely) toward the shorter way."""
     later = frozenlake_values(P, n_states, horizon, gamma)[horizon - 1]
     return [int(np.argmax(action_values(P, s, later, gamma))) for s in range(n_states)]
+
+
+@functools.cache
+def lake_policy(slippery: bool) -> tuple[int, ...]:
+    """`optimal_policy` of the 4x4 lake, slippery or not, once per process: every `FrozenLakeText` shares it (a step
+    builds one per episode slot, 64, and value iteration is about 5 ms)."""
+    env = gymnasium.make("FrozenLake-v1", map_name="4x4", is_slippery=slippery).unwrapped
+    return tuple(optimal_policy(env.P, len(env.P)))
 
 
 def optimal_success(slippery: bool, horizon: int = 100) -> float:
