@@ -457,15 +457,17 @@ def test_turn_rewards_arrive_at_turn_boundaries_and_advantages_go_back_to_the_ag
 # --- every algorithm through its record ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("constrain", [False, True], ids=["free", "constrained"])
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_every_online_algorithm_trains_an_agent_through_its_record(name):
+def test_every_online_algorithm_trains_an_agent_through_its_record(name, constrain):
     model, tok = tiny_agent("tests.agent_envs:ThreeTurns", demos=8)
+    hot = {"temperature": 2.0} if constrain else {}  # replies a constraint must keep to the actions
     trainer = AgentTrainer(
         model,
         tok,
         "tests.agent_envs:ThreeTurns",
-        AgentConfig(algorithm=name),
-        RLHFConfig(batch_size=8),
+        AgentConfig(algorithm=name, constrain_actions=constrain),
+        RLHFConfig(batch_size=8, **hot),
         PPOConfig(minibatch_size=8),
     )
     record = ALGORITHMS[name]
@@ -476,6 +478,9 @@ def test_every_online_algorithm_trains_an_agent_through_its_record(name):
     m = trainer.step()
     assert m["step"] == 1 and all(math.isfinite(m[k]) for k in ("agent/return", "ppo/policy_loss", "objective/kl"))
     assert 0 < m["agent/env_token_share"] < 1 and m["agent/turns"] == 3
+    if constrain:  # --constrain_actions, with a critic or without: every reply one of the actions
+        assert m["agent/invalid_rate"] == 0.0
+        assert {turn.text for e in trainer.last_episodes for turn in e.turns} <= {"yes", "no"}
 
 
 def test_an_environments_run_defaults_are_the_commands_and_the_python_apis():

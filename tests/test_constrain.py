@@ -154,19 +154,3 @@ def test_the_policy_map_script_reads_a_constrained_runs_setting(lake_model, tmp_
     ]
     others = [float(r[-2]) for r in rows[1:]]  # the "other" column under the header
     assert len(others) == 11 and all(o == 0.0 for o in others)
-
-
-@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
-def test_the_critic_free_algorithms_train_a_constrained_agent_too(algorithm):
-    model, tok = tiny_agent("tests.agent_envs:ThreeTurns", demos=8)
-    t = AgentTrainer(
-        model,
-        tok,
-        "tests.agent_envs:ThreeTurns",
-        AgentConfig(algorithm=algorithm, constrain_actions=True),
-        RLHFConfig(batch_size=8, temperature=2.0),
-        PPOConfig(minibatch_size=8),
-    )
-    m = t.step()
-    assert m["agent/invalid_rate"] == 0.0 and math.isfinite(m["ppo/policy_loss"])
-    assert {turn.text for e in t.last_episodes for turn in e.turns} <= {"yes", "no"}
