@@ -133,12 +133,16 @@ def did_you_mean(flag: str, known: set[str]) -> str:
     return f"; did you mean {' or '.join('--' + n for n in close[:3])}?" if close else ""
 
 
-def optional_fields(configs: tuple[type, ...]) -> set[str]:
-    """The names of the fields that may be None (`float | None`, ...), across `configs`."""
+def optional_fields(configs: tuple[type, ...], of: type | None = None) -> set[str]:
+    """The names of the fields that may be None (`float | None`, ...), across `configs`; with `of`, only those
+    whose other type is `of` (`bool | None`)."""
     out = set()
     for cls in configs:
         hints = typing.get_type_hints(cls)
-        out |= {f.name for f in fields(cls) if type(None) in typing.get_args(hints[f.name])}
+        for f in fields(cls):
+            args = typing.get_args(hints[f.name])
+            if type(None) in args and (of is None or of in args):
+                out.add(f.name)
     return out
 
 
@@ -172,10 +176,12 @@ def parse_configs(
 
     parser = HfArgumentParser(configs, prog=prog, description=help)
     parser.error = lambda message: one_line_error(prog, message)  # type: ignore[method-assign]
-    optional = optional_fields(configs)
+    optional, switches = optional_fields(configs), optional_fields(configs, bool)
     for action in parser._actions:  # `--no_X` turns X off; its help must not read "(default: True)" backwards
         if action.dest in optional and callable(action.type):
             action.type = none_or(action.type)
+        if action.dest in switches and action.option_strings:  # `--X` alone is True, as for a plain bool flag
+            action.nargs, action.const = "?", True
         if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
             action.help = f"Turn {action.dest} off (same as --{action.dest} False; its default is %(default)s)."
         if action.dest in unread:

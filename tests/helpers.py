@@ -91,10 +91,18 @@ def check_critic_warmup(trainer) -> None:
 TINY_MODEL = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=128)
 
 
-def tiny_agent(env: str, demos: int = 20, epochs: int = 1, seed: int = 0, history: int | None = None):
-    """A tiny GPT-2 and its tokenizer after SFT on `demos` demonstrated episodes of `env` (as the agent command)."""
+def tiny_agent(
+    env: str,
+    demos: int = 20,
+    epochs: int = 1,
+    seed: int = 0,
+    history: int | None = None,
+    demonstrator: str | None = None,
+):
+    """A tiny GPT-2 and its tokenizer after SFT on `demos` demonstrated episodes of `env` (as the agent command; by
+    `demonstrator`, else the environment's)."""
     record = get_env(env)
-    run = AgentRunConfig(seed=seed, demos=demos, sft_epochs=epochs, vocab_size=300)
+    run = AgentRunConfig(seed=seed, demos=demos, sft_epochs=epochs, vocab_size=300, demonstrator=demonstrator)
     h = record.history if history is None else history
     model, tok, _ = start_agent(record, run, h, record.max_turns, TINY_MODEL)
     return model, tok

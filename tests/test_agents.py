@@ -142,7 +142,7 @@ def test_policy_map_random_walk_sft_ignores_the_state_and_the_optimal_policys_do
     # imitation is the control: the map does see each state.
     record = get_env("frozenlake-slippery")
     env = record.make()
-    model, tok = tiny_agent("frozenlake-slippery", demos=200, epochs=3)
+    model, tok = tiny_agent("frozenlake-slippery", demos=200, epochs=3, demonstrator="random")
     env.reset(seed=0)
     rows = policy_map(model, tok, env)
     assert env.state == 0  # put back
@@ -495,6 +495,28 @@ def test_an_environments_run_defaults_are_the_commands_and_the_python_apis():
     assert defaults["demos"] == 2000 and defaults["sft_epochs"] == 5
     assert agent_run_config("calculator").demos == 2000 and agent_run_config("calculator", demos=7).demos == 7
     assert agent_run_config("frozenlake") == AgentRunConfig()
+    assert agent_run_config("frozenlake-slippery") == AgentRunConfig(demos=600, sft_batch_size=8)
+
+
+def test_the_slippery_lakes_record_runs_the_flags_of_its_best_measured_runs():
+    # The results page's current figures are runs with these flags from before the record took them over: the
+    # command without flags must run the very same settings (the demonstrator: the record's walker).
+    from rlhf_toy.cli import parse_configs
+    from rlhf_toy.lm.agents.command import agent_command
+    from rlhf_toy.lm.agents.trainer import agent_settings, constrains
+
+    def runs(argv: list[str]) -> tuple:
+        cmd = agent_command(argv)
+        run, agent, rl, ppo, _ = parse_configs(cmd.load()[0], argv, "agent", cmd.help, cmd.defaults, cmd.unread)
+        record = get_env(agent.env)
+        rl, ppo = agent_settings(record, ALGORITHMS[agent.algorithm], rl, ppo)
+        who = run.demonstrator or record.demonstrator
+        return replace(run, demonstrator=who), constrains(record, agent), rl, ppo.to_dict()
+
+    flags = "--constrain_actions --kl_coef 0 --ent_coef 0.003 --vf_coef 0.5 --clip_range_vf None --demonstrator walker"
+    flags += " --sft_batch_size 8 --demos 600"
+    assert runs(["--env", "frozenlake-slippery"]) == runs(["--env", "frozenlake-slippery", *flags.split()])
+    assert runs(["--env", "frozenlake-slippery"]) != runs(["--env", "frozenlake-slippery", "--constrain_actions", "0"])
 
 
 def test_an_environment_never_changes_an_algorithms_passes_over_a_batch():

@@ -9,9 +9,12 @@ import math
 import pytest
 import torch
 
+from rlhf_toy.cli import parse_configs
 from rlhf_toy.errors import UserError, run_cli
+from rlhf_toy.lm.agents.command import agent_command
 from rlhf_toy.lm.agents.envs import FrozenLakeText
 from rlhf_toy.lm.agents.policy_map import policy_map
+from rlhf_toy.lm.agents.registry import get_env
 from rlhf_toy.lm.agents.trainer import AgentConfig, AgentTrainer
 from rlhf_toy.lm.algorithms.rlhf_config import RLHFConfig
 from rlhf_toy.lm.models.causal_lm import response_logprobs, token_logprobs
@@ -114,6 +117,24 @@ def test_a_constrained_agent_plays_only_actions_repeats_itself_and_its_kl_is_the
     assert all(math.isfinite(m["ppo/policy_loss"]) and m["objective/kl"] >= 0 for m in first)
     replies = {turn.text for e in t.last_episodes for turn in e.turns}
     assert replies and replies <= {"left", "down", "right", "up"}
+
+
+def test_the_slippery_lakes_record_constrains_and_the_flag_or_the_python_api_says_otherwise(lake_model):
+    model, tok = lake_model
+
+    def constraint(env: str, agent: AgentConfig):
+        return AgentTrainer(copy.deepcopy(model), tok, env, agent).settings.constraint
+
+    assert get_env("frozenlake-slippery").constrain_actions and not get_env("frozenlake").constrain_actions
+    assert constraint("frozenlake-slippery", AgentConfig(env="frozenlake-slippery")) is not None  # the record's
+    assert constraint("frozenlake-slippery", AgentConfig(env="frozenlake-slippery", constrain_actions=False)) is None
+    assert constraint("frozenlake", AgentConfig()) is None
+    assert constraint("frozenlake", AgentConfig(constrain_actions=True)) is not None
+    # The command: the flag alone, a value, or nothing (None: the record's), before the other flags
+    cmd = agent_command(["--env", "frozenlake-slippery"])
+    for flags, want in (([], None), (["--constrain_actions"], True), (["--constrain_actions", "False"], False)):
+        configs = parse_configs(cmd.load()[0], [*flags, "--steps", "3"], "agent", cmd.help, cmd.defaults, cmd.unread)
+        assert configs[1].constrain_actions is want and configs[2].steps == 3
 
 
 def test_an_environment_without_a_fixed_set_of_actions_cannot_be_constrained(tmp_path, capsys):

@@ -44,6 +44,7 @@ from .trainer import (
     AgentTrainer,
     action_words,
     agent_settings,
+    constrains,
     eval_seeds,
     held_out,
 )
@@ -245,7 +246,7 @@ def start_rl(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora,
     settings = {
         "env": record.name,
         "algorithm": trainer.algorithm.name,
-        "agent": asdict(agent),
+        "agent": asdict(trainer.agent),
         "run": asdict(run),
         "rl": asdict(trainer.rl),
         "ppo": trainer.ppo.to_dict(),
@@ -282,7 +283,7 @@ def run_agent(run: AgentRunConfig, agent: AgentConfig, rl: RLHFConfig, ppo, lora
     out = PolicyDir(run.run_dir)
     with output_lock(out.path, "language-model agent run"):
         agent_settings(record, get_algorithm(agent.algorithm), rl, ppo)  # refused before any work, if it is
-        if agent.constrain_actions:
+        if constrains(record, agent):
             action_words(record)  # the same
         trainer, start = start_rl(run, agent, rl, ppo, lora, record, out)
         tok, settings = trainer.tok, start["settings"]

@@ -85,11 +85,12 @@ class AgentConfig:
         "turn",
     )
     invalid_patience: int = option("Stop once every action of this many steps in a row was invalid.", 5)
-    constrain_actions: bool = option(
+    constrain_actions: bool | None = option(
         "Draw only the environment's actions (its `actions` words, each then EOS): the others' tokens are masked in "
         "sampling and in every log-prob the update and the KL read, as MaskablePPO masks invalid actions. For games "
-        "with a fixed set of actions (FrozenLake, CartPole as text, gymnasium ids).",
-        False,
+        "with a fixed set of actions (FrozenLake, CartPole as text, gymnasium ids). None: the environment's (on for "
+        "the slippery lake).",
+        None,
     )
 
     def __post_init__(self) -> None:
@@ -109,8 +110,13 @@ def rollout_settings(
         record.history if agent.history is None else agent.history,
         rl.max_new_tokens,
         rl.temperature if temperature is None else temperature,
-        action_constraint(record, tok, rl.max_new_tokens) if agent.constrain_actions else None,
+        action_constraint(record, tok, rl.max_new_tokens) if constrains(record, agent) else None,
     )
+
+
+def constrains(record: EnvRecord, agent: AgentConfig) -> bool:
+    """Whether `agent` plays `record` constrained to its actions: the agent's setting, else the record's."""
+    return record.constrain_actions if agent.constrain_actions is None else agent.constrain_actions
 
 
 def action_words(record: EnvRecord) -> tuple[str, ...]:
@@ -250,8 +256,10 @@ class AgentTrainer:
         seed: int = 0,
         ref_model=None,
     ) -> None:
-        self.agent = agent or AgentConfig()
-        self.record = env if isinstance(env, EnvRecord) else get_env(env or self.agent.env)
+        agent = agent or AgentConfig()
+        self.record = env if isinstance(env, EnvRecord) else get_env(env or agent.env)
+        # what it runs, resolved once: the checkpoints, the report and the policy map read it
+        self.agent = replace(agent, constrain_actions=constrains(self.record, agent))
         self.algorithm = get_algorithm(self.agent.algorithm)
         self.rl, self.ppo = agent_settings(self.record, self.algorithm, rl, ppo)
         self.tok, self.seed = tok, seed
