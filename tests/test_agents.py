@@ -266,10 +266,14 @@ def test_guess_number_hints_and_binary_search_mean_turns():
                 assert guess == env.target and r == 1.0
                 turns.append(t)
                 break
-            assert r == -0.1 and text.endswith(f"{guess} {'higher' if guess < env.target else 'lower'}")
+            assert (
+                r == -0.1 and text == f"{guess} {'higher' if guess < env.target else 'lower'}\n{env.low} to {env.high}"
+            )
+            assert env.low <= env.target <= env.high  # the range is the game's state
     assert len(turns) == 400 and max(turns) <= 7 and 5.5 < np.mean(turns) < 6.0  # binary search: about 5.8
-    env.reset(seed=0)
+    assert env.reset(seed=0)[0] == "1 to 100"
     assert env.step("101")[4]["invalid"] and env.step("12 13")[1] == INVALID_PENALTY
+    assert env.step("150")[0] == "1 to 100 invalid"
 
 
 def test_the_calculator_answers_and_is_checked():

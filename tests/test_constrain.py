@@ -139,7 +139,7 @@ def test_the_slippery_lakes_record_constrains_and_the_flag_or_the_python_api_say
 
 def test_an_environment_without_a_fixed_set_of_actions_cannot_be_constrained(tmp_path, capsys):
     out = tmp_path / "agent"
-    argv = ["agent", "--env", "guess-number", "--constrain_actions", "--steps", "1", "--run_dir", str(out)]
+    argv = ["agent", "--env", "calculator", "--constrain_actions", "--steps", "1", "--run_dir", str(out)]
     assert run_cli(main, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "names no fixed set of actions" in err[0], err

@@ -88,8 +88,8 @@ class AgentConfig:
     constrain_actions: bool | None = option(
         "Draw only the environment's actions (its `actions` words, each then EOS): the others' tokens are masked in "
         "sampling and in every log-prob the update and the KL read, as MaskablePPO masks invalid actions. For games "
-        "with a fixed set of actions (FrozenLake, CartPole as text, gymnasium ids). None: the environment's (on for "
-        "the slippery lake).",
+        "with a fixed set of actions (FrozenLake, CartPole as text, guess the number, gymnasium ids). None: the "
+        "environment's (on for the slippery lake).",
         None,
     )
 
