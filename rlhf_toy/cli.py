@@ -133,16 +133,15 @@ def did_you_mean(flag: str, known: set[str]) -> str:
     return f"; did you mean {' or '.join('--' + n for n in close[:3])}?" if close else ""
 
 
-def optional_fields(configs: tuple[type, ...], of: type | None = None) -> set[str]:
-    """The names of the fields that may be None (`float | None`, ...), across `configs`; with `of`, only those
-    whose other type is `of` (`bool | None`)."""
-    out = set()
+def optional_fields(configs: tuple[type, ...]) -> dict[str, tuple[Any, ...]]:
+    """The fields that may be None (`float | None`, ...), across `configs`: each name with its other types."""
+    out = {}
     for cls in configs:
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
             args = typing.get_args(hints[f.name])
-            if type(None) in args and (of is None or of in args):
-                out.add(f.name)
+            if type(None) in args:
+                out[f.name] = tuple(a for a in args if a is not type(None))
     return out
 
 
@@ -176,7 +175,8 @@ def parse_configs(
 
     parser = HfArgumentParser(configs, prog=prog, description=help)
     parser.error = lambda message: one_line_error(prog, message)  # type: ignore[method-assign]
-    optional, switches = optional_fields(configs), optional_fields(configs, bool)
+    optional = optional_fields(configs)
+    switches = {name for name, types in optional.items() if types == (bool,)}  # `bool | None`
     for action in parser._actions:  # `--no_X` turns X off; its help must not read "(default: True)" backwards
         if action.dest in optional and callable(action.type):
             action.type = none_or(action.type)
