@@ -5,8 +5,9 @@ import textwrap
 
 import pytest
 
+from rlhf_toy.cli import parse_configs
 from rlhf_toy.errors import run_cli
-from rlhf_toy.lm.agents.command import AgentRunConfig, start_agent
+from rlhf_toy.lm.agents.command import AgentRunConfig, agent_command, start_agent
 from rlhf_toy.lm.agents.registry import get_env
 from rlhf_toy.lm.models.causal_lm import ModelConfig
 from rlhf_toy.lm.models.devices import cpu_bf16_native
@@ -106,3 +107,10 @@ def tiny_agent(
     h = record.history if history is None else history
     model, tok, _ = start_agent(record, run, h, record.max_turns, TINY_MODEL)
     return model, tok
+
+
+def agent_configs(argv: list[str]) -> tuple:
+    """`(AgentRunConfig, AgentConfig, RLHFConfig, PPOConfig, LoraConfig)` as `rlhf-toy agent ARGV` parses them (its
+    defaults: the algorithm's and environment's records that ARGV names)."""
+    cmd = agent_command(argv)
+    return parse_configs(cmd.load()[0], argv, "agent", cmd.help, cmd.defaults, cmd.unread)

@@ -42,7 +42,15 @@ from rlhf_toy.lm.algorithms.online import ALGORITHMS, Signals, token_gae
 from rlhf_toy.lm.algorithms.rlhf_config import RLHFConfig
 from rlhf_toy.lm.pipeline.cli import main
 from rlhf_toy.ppo import PPOConfig
-from tests.helpers import KILL_AT_STEP, NEEDS_BF16, THREADS, TINY_MODEL, check_critic_warmup, tiny_agent
+from tests.helpers import (
+    KILL_AT_STEP,
+    NEEDS_BF16,
+    THREADS,
+    TINY_MODEL,
+    agent_configs,
+    check_critic_warmup,
+    tiny_agent,
+)
 from tests.hf_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -505,13 +513,10 @@ def test_an_environments_run_defaults_are_the_commands_and_the_python_apis():
 def test_the_slippery_lakes_record_runs_the_flags_of_its_best_measured_runs():
     # The results page's current figures are runs with these flags from before the record took them over: the
     # command without flags must run the very same settings (the demonstrator: the record's walker).
-    from rlhf_toy.cli import parse_configs
-    from rlhf_toy.lm.agents.command import agent_command
     from rlhf_toy.lm.agents.trainer import agent_settings, constrains
 
     def runs(argv: list[str]) -> tuple:
-        cmd = agent_command(argv)
-        run, agent, rl, ppo, _ = parse_configs(cmd.load()[0], argv, "agent", cmd.help, cmd.defaults, cmd.unread)
+        run, agent, rl, ppo, _ = agent_configs(argv)
         record = get_env(agent.env)
         rl, ppo = agent_settings(record, ALGORITHMS[agent.algorithm], rl, ppo)
         who = run.demonstrator or record.demonstrator

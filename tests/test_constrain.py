@@ -9,9 +9,7 @@ import math
 import pytest
 import torch
 
-from rlhf_toy.cli import parse_configs
 from rlhf_toy.errors import UserError, run_cli
-from rlhf_toy.lm.agents.command import agent_command
 from rlhf_toy.lm.agents.envs import FrozenLakeText
 from rlhf_toy.lm.agents.policy_map import policy_map
 from rlhf_toy.lm.agents.registry import get_env
@@ -23,7 +21,7 @@ from rlhf_toy.lm.models.constrain import ReplyConstraint
 from rlhf_toy.lm.models.sampling import sample
 from rlhf_toy.lm.pipeline.cli import main
 from rlhf_toy.ppo import PPOConfig
-from tests.helpers import tiny_agent
+from tests.helpers import agent_configs, tiny_agent
 
 EOS = 1
 REPLIES = [[5, EOS], [5, 6, EOS], [7, EOS]]
@@ -131,9 +129,8 @@ def test_the_slippery_lakes_record_constrains_and_the_flag_or_the_python_api_say
     assert constraint("frozenlake", AgentConfig()) is None
     assert constraint("frozenlake", AgentConfig(constrain_actions=True)) is not None
     # The command: the flag alone, a value, or nothing (None: the record's), before the other flags
-    cmd = agent_command(["--env", "frozenlake-slippery"])
     for flags, want in (([], None), (["--constrain_actions"], True), (["--constrain_actions", "False"], False)):
-        configs = parse_configs(cmd.load()[0], [*flags, "--steps", "3"], "agent", cmd.help, cmd.defaults, cmd.unread)
+        configs = agent_configs(["--env", "frozenlake-slippery", *flags, "--steps", "3"])
         assert configs[1].constrain_actions is want and configs[2].steps == 3
 
 
