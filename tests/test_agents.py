@@ -510,22 +510,28 @@ def test_an_environments_run_defaults_are_the_commands_and_the_python_apis():
     assert agent_run_config("frozenlake-slippery") == AgentRunConfig(demos=600, sft_batch_size=8)
 
 
-def test_the_slippery_lakes_record_runs_the_flags_of_its_best_measured_runs():
-    # The results page's current figures are runs with these flags from before the record took them over: the
-    # command without flags must run the very same settings (the demonstrator: the record's walker).
+# The results pages' current figures are runs with these flags from before the records took them over: the command
+# without flags must run the very same settings.
+MEASURED_FLAGS = {
+    "frozenlake-slippery": "--constrain_actions --kl_coef 0 --ent_coef 0.003 --vf_coef 0.5 --clip_range_vf None "
+    "--demonstrator walker --sft_batch_size 8 --demos 600",
+    "guess-number": "--sft_batch_size 8 --demos 2000",
+}
+
+
+@pytest.mark.parametrize("env", sorted(MEASURED_FLAGS))
+def test_a_record_runs_the_flags_of_its_best_measured_runs(env):
     from rlhf_toy.lm.agents.trainer import agent_settings, constrains
 
     def runs(argv: list[str]) -> tuple:
         run, agent, rl, ppo, _ = agent_configs(argv)
         record = get_env(agent.env)
         rl, ppo = agent_settings(record, ALGORITHMS[agent.algorithm], rl, ppo)
-        who = run.demonstrator or record.demonstrator
+        who = run.demonstrator or record.demonstrator  # the record's own demonstrator, named or not
         return replace(run, demonstrator=who), constrains(record, agent), rl, ppo.to_dict()
 
-    flags = "--constrain_actions --kl_coef 0 --ent_coef 0.003 --vf_coef 0.5 --clip_range_vf None --demonstrator walker"
-    flags += " --sft_batch_size 8 --demos 600"
-    assert runs(["--env", "frozenlake-slippery"]) == runs(["--env", "frozenlake-slippery", *flags.split()])
-    assert runs(["--env", "frozenlake-slippery"]) != runs(["--env", "frozenlake-slippery", "--constrain_actions", "0"])
+    assert runs(["--env", env]) == runs(["--env", env, *MEASURED_FLAGS[env].split()])
+    assert runs(["--env", env]) != runs(["--env", env, "--demos", "7"])  # the comparison sees a difference
 
 
 def test_an_environment_never_changes_an_algorithms_passes_over_a_batch():
